@@ -1,0 +1,106 @@
+"""``build.toml``: validated with the parser the ``kernels`` loader ships, then read as data."""
+
+from __future__ import annotations
+
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+
+
+class BuildConfigError(ValueError):
+    pass
+
+
+@dataclass(frozen=True)
+class KernelSection:
+    """One ``[kernel.<name>]`` table: a compiled source folder for one backend."""
+
+    name: str
+    backend: str
+    depends: tuple[str, ...]
+    src: tuple[str, ...]
+    include: tuple[str, ...] = ()
+    cxx_flags: tuple[str, ...] = ()
+    cuda_flags: tuple[str, ...] = ()
+    cuda_capabilities: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class BuildConfig:
+    root: Path
+    name: str  # "fused-geglu"
+    version: int
+    license: str
+    backends: tuple[str, ...]
+    repo_id: str
+    torch_src: tuple[str, ...]
+    pyext: tuple[str, ...]
+    kernels: tuple[KernelSection, ...] = field(default_factory=tuple)
+    python_depends: tuple[str, ...] = ()
+    upstream: str | None = None
+
+    @property
+    def python_name(self) -> str:
+        return self.name.replace("-", "_")
+
+    @property
+    def package_dir(self) -> Path:
+        return self.root / "torch-ext" / self.python_name
+
+    def kernels_for(self, backend: str) -> list[KernelSection]:
+        return [k for k in self.kernels if k.backend == backend]
+
+
+def _validate_with_kernels_parser(root: Path) -> None:
+    try:
+        from kernels._rust import Build
+    except ImportError:  # the GPU box may lack kernels' compiled part: fall back to our checks
+        return
+    try:
+        Build.open(root)
+    except ValueError as exc:
+        raise BuildConfigError(f"{root / 'build.toml'} is invalid: {exc}") from exc
+
+
+def load_build_config(root: Path) -> BuildConfig:
+    root = Path(root).resolve()
+    path = root / "build.toml"
+    if not path.is_file():
+        raise BuildConfigError(f"no build.toml in {root}")
+    _validate_with_kernels_parser(root)
+    data = tomllib.loads(path.read_text())
+    general = data["general"]
+    torch_table = data.get("torch")
+    if torch_table is None:
+        raise BuildConfigError("build.toml: this builder handles [torch] kernels only")
+    sections = []
+    for name, table in data.get("kernel", {}).items():
+        sections.append(
+            KernelSection(
+                name=name,
+                backend=table["backend"],
+                depends=tuple(table.get("depends", ())),
+                src=tuple(table["src"]),
+                include=tuple(table.get("include", ())),
+                cxx_flags=tuple(table.get("cxx-flags", ())),
+                cuda_flags=tuple(table.get("cuda-flags", ())),
+                cuda_capabilities=tuple(table.get("cuda-capabilities", ())),
+            )
+        )
+    for section in sections:
+        for src in section.src:
+            if not (root / src).is_file():
+                raise BuildConfigError(f"build.toml [kernel.{section.name}]: source {src} does not exist")
+    return BuildConfig(
+        root=root,
+        name=general["name"],
+        version=int(general["version"]),
+        license=general["license"],
+        backends=tuple(general["backends"]),
+        repo_id=general.get("hub", {}).get("repo-id", f"org/{general['name']}"),
+        torch_src=tuple(torch_table.get("src", ())),
+        pyext=tuple(torch_table.get("pyext", ("py", "pyi"))),
+        kernels=tuple(sections),
+        python_depends=tuple(general.get("python-depends", ())),
+        upstream=general.get("upstream"),
+    )

@@ -1,0 +1,226 @@
+"""The Nix-free builder: ``build.toml`` + sources -> ``build/<variant>/`` in the loader's layout.
+
+Each variant is assembled in a scratch folder under ``build/`` and moved into place only when
+complete, so an interrupted or failed build leaves no half-built variant behind.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+from . import __version__, templates, toolchain
+from .buildconfig import BuildConfig, KernelSection, load_build_config
+from .gitid import SourceIdentity, source_identity
+from .metadata import write_metadata
+from .variants import Variant
+
+
+class BuildError(RuntimeError):
+    pass
+
+
+def _log(msg: str) -> None:
+    print(f"[fused-geglu build] {msg}", flush=True)
+
+
+@dataclass(frozen=True)
+class Plan:
+    variant: Variant
+    sections: tuple[KernelSection, ...]  # compiled sources; empty for noarch
+
+
+def ops_id_for(cfg: BuildConfig, backend: str, uid: str) -> str:
+    return f"_{cfg.python_name}_{backend}_{uid}"
+
+
+def plan_variants(cfg: BuildConfig, tc: toolchain.Toolchain | None, backends: list[str] | None) -> list[Plan]:
+    """The variants this machine can build (optionally restricted to ``backends``)."""
+    wanted = [b for b in cfg.backends if backends is None or b in backends]
+    plans: list[Plan] = []
+    for backend in wanted:
+        sections = tuple(cfg.kernels_for(backend))
+        if backend == "cpu" and tc is not None and sections:
+            plans.append(Plan(Variant.for_this_torch("cpu"), sections))
+        if backend == "cuda":
+            # Triton-only noarch variant: for torch versions with no compiled build.
+            plans.append(Plan(Variant(backend="cuda"), ()))
+            if tc is not None and tc.torch_cuda and tc.nvcc and sections:
+                plans.append(Plan(Variant.for_this_torch("cuda"), sections))
+            elif sections:
+                why = "the installed torch has no CUDA" if not (tc and tc.torch_cuda) else "no nvcc"
+                _log(f"skipping the compiled CUDA variant: {why}")
+    return plans
+
+
+def _copy_package(cfg: BuildConfig, dest: Path) -> None:
+    exts = {"." + e for e in cfg.pyext}
+    src_root = cfg.package_dir
+    if not (src_root / "__init__.py").is_file():
+        raise BuildError(f"{src_root}/__init__.py is missing")
+    for path in sorted(src_root.rglob("*")):
+        rel = path.relative_to(src_root)
+        if "__pycache__" in rel.parts or not path.is_file() or path.suffix not in exts:
+            continue
+        if rel.as_posix() == "_ops.py":  # generated per variant
+            continue
+        target = dest / rel
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(path, target)
+
+
+def _run(cmd: list[str], what: str) -> None:
+    t0 = time.monotonic()
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    if proc.returncode != 0:
+        sys.stderr.write(proc.stdout + proc.stderr)
+        raise BuildError(f"{what} failed (exit {proc.returncode}); command:\n  " + " ".join(cmd))
+    if os.environ.get("FUSED_GEGLU_BUILD_VERBOSE") and (proc.stdout or proc.stderr):
+        sys.stderr.write(proc.stdout + proc.stderr)
+    _log(f"{what} ({time.monotonic() - t0:.0f} s)")
+
+
+def _compile_shared_object(
+    cfg: BuildConfig, plan: Plan, tc: toolchain.Toolchain, ops_id: str, workdir: Path, out: Path
+) -> list[str]:
+    """Compile and link ``<ops_id>.abi3.so``; returns the CUDA archs compiled (empty for CPU)."""
+    backend = plan.variant.backend
+    gen = workdir / "gen"
+    gen.mkdir()
+    (gen / "registration.h").write_text(templates.REGISTRATION_H)
+    root = cfg.root
+    includes = [str(gen), str(root / "torch-ext"), str(root / "kernel_src"), *tc.include_dirs]
+    if backend == "cuda":
+        includes += list(tc.cuda_include_dirs)
+    defines = tc.common_defines(ops_id, backend)
+    cxx_base = [tc.cxx, "-c", "-fPIC", "-O3", f"-std={tc.cxx_std}", "-fno-gnu-unique", "-Wall",
+                "-Wno-unused-function", *defines]
+
+    jobs: list[tuple[list[str], str]] = []
+    objects: list[Path] = []
+    archs: set[str] = set()
+
+    def add_cxx(src: Path, extra_inc: list[str], flags: tuple[str, ...]) -> None:
+        obj = workdir / (src.name + ".o")
+        objects.append(obj)
+        jobs.append(([*cxx_base, *flags, *(f"-I{d}" for d in [*extra_inc, *includes]), str(src), "-o", str(obj)],
+                     f"compiled {src.relative_to(root)}"))
+
+    for src in cfg.torch_src:
+        if src.endswith((".cpp", ".cc", ".cxx")):
+            add_cxx(root / src, [], ())
+    for section in plan.sections:
+        extra_inc = [str(root / i) for i in section.include] + toolchain.dependency_include_dirs(section.depends)
+        for src in section.src:
+            path = root / src
+            if path.suffix in (".cpp", ".cc", ".cxx"):
+                add_cxx(path, extra_inc, section.cxx_flags)
+            elif path.suffix == ".cu":
+                caps = _cuda_capabilities(section)
+                archs.update(caps)
+                obj = workdir / (path.name + ".o")
+                objects.append(obj)
+                cmd = [tc.nvcc, "-c", "-O3", f"-std={'c++20' if tc.cxx_std == 'c++20' else 'c++17'}",
+                       "-Xcompiler", "-fPIC", "--expt-relaxed-constexpr", "--expt-extended-lambda",
+                       *defines, *toolchain.gencode_flags(caps), *section.cuda_flags,
+                       *(f"-I{d}" for d in [*extra_inc, *includes]), str(path), "-o", str(obj)]
+                jobs.append((cmd, f"compiled {src} for sm {','.join(caps)}"))
+            # headers (.h/.cuh) are listed for kernel-builder's benefit only
+
+    with ThreadPoolExecutor(max_workers=max(1, os.cpu_count() or 1)) as pool:
+        futures = [pool.submit(_run, cmd, what) for cmd, what in jobs]
+        errors = []
+        for fut in futures:
+            try:
+                fut.result()
+            except BuildError as exc:
+                errors.append(exc)
+        if errors:
+            raise errors[0]
+
+    libs = [f"-L{d}" for d in tc.library_dirs] + [f"-Wl,-rpath,{d}" for d in tc.library_dirs]
+    libs += ["-lc10", "-ltorch", "-ltorch_cpu"]
+    if backend == "cuda":
+        libs += [f"-L{d}" for d in tc.cuda_library_dirs]
+        libs += ["-lc10_cuda", "-ltorch_cuda", "-lcudart", "-lcublasLt"]
+    _run([tc.cxx, "-shared", "-fPIC", *map(str, objects), "-o", str(out), *libs], f"linked {out.name}")
+    return sorted(archs)
+
+
+def _cuda_capabilities(section: KernelSection) -> list[str]:
+    override = os.environ.get("FUSED_GEGLU_CUDA_ARCHS")  # e.g. "9.0" to build only for the local GPU
+    caps = list(section.cuda_capabilities) or ["8.0", "9.0"]
+    if override:
+        keep = {c.strip() for c in override.split(",") if c.strip()}
+        caps = [c for c in caps if c.rstrip("a") in keep or c in keep]
+        if not caps:
+            raise BuildError(f"[kernel.{section.name}]: none of {section.cuda_capabilities} is in "
+                             f"FUSED_GEGLU_CUDA_ARCHS={override}")
+    return caps
+
+
+def build_variant(cfg: BuildConfig, plan: Plan, ident: SourceIdentity, tc, out_root: Path) -> Path:
+    variant = plan.variant
+    ops_id = ops_id_for(cfg, variant.backend, ident.uid)
+    final = out_root / variant.name
+    _log(f"{variant.name}: ops id {ops_id}")
+    t0 = time.monotonic()
+    out_root.mkdir(parents=True, exist_ok=True)
+    scratch = Path(tempfile.mkdtemp(prefix=f".partial-{variant.name}-", dir=out_root))
+    try:
+        stage = scratch / "variant"
+        stage.mkdir()
+        _copy_package(cfg, stage)
+        archs: list[str] = []
+        if variant.noarch:
+            (stage / "_ops.py").write_text(
+                templates.NOARCH_OPS_PY.format(python_name=cfg.python_name, uid=ident.uid)
+            )
+        else:
+            work = scratch / "obj"
+            work.mkdir()
+            archs = _compile_shared_object(cfg, plan, tc, ops_id, work, stage / f"{ops_id}.abi3.so")
+            (stage / "_ops.py").write_text(templates.COMPILED_OPS_PY.format(ops_id=ops_id))
+        write_metadata(stage, cfg, variant, ops_id, ident, archs, builder_version=__version__)
+        if final.exists():
+            shutil.rmtree(final)
+        stage.rename(final)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    _log(f"{variant.name}: done in {time.monotonic() - t0:.0f} s")
+    return final
+
+
+def build(root: Path, out_root: Path | None = None, backends: list[str] | None = None,
+          clean: bool = True) -> list[Path]:
+    cfg = load_build_config(root)
+    out_root = Path(out_root) if out_root else cfg.root / "build"
+    sources = [cfg.root / "build.toml", *cfg.package_dir.rglob("*.py")]
+    for section in cfg.kernels:
+        sources += [cfg.root / s for s in section.src]
+    ident = source_identity(cfg.root, fallback_paths=[p for p in sources if p.is_file()])
+    _log(f"source {ident.commit or 'outside git'}{' (dirty)' if ident.dirty else ''}, uid {ident.uid}")
+    try:
+        tc = toolchain.detect()
+    except toolchain.ToolchainError as exc:
+        _log(f"no compiler: {exc}; building noarch variants only")
+        tc = None
+    plans = plan_variants(cfg, tc, backends)
+    if not plans:
+        raise BuildError(f"nothing to build for backends {backends or list(cfg.backends)}")
+    built = [build_variant(cfg, plan, ident, tc, out_root) for plan in plans]
+    if clean:  # variants from other commits / torch versions would shadow nothing but confuse
+        keep = {p.name for p in built}
+        for stale in out_root.iterdir():
+            if stale.is_dir() and stale.name not in keep and not stale.name.startswith(".partial-"):
+                if (stale / "metadata.json").exists() and backends is None:
+                    _log(f"removing stale variant {stale.name}")
+                    shutil.rmtree(stale)
+    return built

@@ -1,0 +1,66 @@
+"""The source tree's identity: the ops id suffix and the provenance in ``metadata.json``.
+
+The uid is the first 7 hex digits of the git tree id of the *working tree* (tracked and
+untracked-not-ignored files, computed through a temporary index, so the real index is untouched).
+A clean checkout therefore gets its HEAD tree id, exactly as kernel-builder does, and two builds of
+the same commit agree; a dirty tree gets the id of its actual content plus ``_dirty``, so two
+different dirty builds never share an ops namespace in one process.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import subprocess
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class SourceIdentity:
+    uid: str
+    commit: str | None  # HEAD commit (40 hex), None outside git
+    dirty: bool
+
+
+def _git(root: Path, *args: str, env: dict | None = None) -> str:
+    return subprocess.run(
+        ["git", "-C", str(root), *args], check=True, capture_output=True, text=True, env=env
+    ).stdout.strip()
+
+
+def _content_hash(root: Path, paths: list[Path]) -> str:
+    h = hashlib.sha1()
+    for p in sorted(paths):
+        h.update(p.relative_to(root).as_posix().encode() + b"\0" + p.read_bytes())
+    return h.hexdigest()
+
+
+def source_identity(root: Path, fallback_paths: list[Path] | None = None) -> SourceIdentity:
+    root = Path(root)
+    try:
+        top = Path(_git(root, "rev-parse", "--show-toplevel"))
+    except (OSError, subprocess.CalledProcessError):
+        top = None
+    if top is None or top.resolve() != root.resolve():
+        digest = _content_hash(root, fallback_paths or [])
+        return SourceIdentity(uid=digest[:7] + "_nogit", commit=None, dirty=True)
+    try:
+        commit = _git(root, "rev-parse", "HEAD")
+        head_tree = _git(root, "rev-parse", "HEAD^{tree}")
+    except subprocess.CalledProcessError:  # no commit yet
+        commit, head_tree = None, None
+    with tempfile.TemporaryDirectory() as tmp:
+        index = Path(tmp) / "index"
+        real_index = Path(_git(root, "rev-parse", "--git-path", "index"))
+        if not real_index.is_absolute():
+            real_index = root / real_index
+        if real_index.exists():
+            shutil.copy(real_index, index)
+        env = {**os.environ, "GIT_INDEX_FILE": str(index)}
+        _git(root, "add", "-A", env=env)
+        tree = _git(root, "write-tree", env=env)
+    dirty = tree != head_tree
+    return SourceIdentity(uid=tree[:7] + ("_dirty" if dirty else ""), commit=commit, dirty=dirty)

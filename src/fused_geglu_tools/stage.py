@@ -1,0 +1,66 @@
+"""Lay ``build/`` out as a local Hub snapshot, so ``kernels`` loads it offline like a download.
+
+Layout (what huggingface_hub's cache holds for a ``kernel``-type repo)::
+
+    <cache>/kernels--org--fused-geglu/refs/v1                  # 40-hex snapshot id
+    <cache>/kernels--org--fused-geglu/snapshots/<id>/build/<variant>/...
+    <cache>/kernels--org--fused-geglu/snapshots/<id>/benchmarks/benchmark*.py
+
+The snapshot id is a SHA-1 over every staged file's path and content, so the same build stages to
+the same id and any change of content gets a new one (and an older lock keeps pointing at the old).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import shutil
+from pathlib import Path
+
+from .digest import file_digest
+
+
+def repo_cache_dir(cache_dir: Path, repo_id: str) -> Path:
+    return Path(cache_dir) / ("kernels--" + repo_id.replace("/", "--"))
+
+
+def _staged_files(build_dir: Path, benchmarks_dir: Path | None) -> list[tuple[str, Path]]:
+    files: list[tuple[str, Path]] = []
+    for variant in sorted(p for p in build_dir.iterdir() if p.is_dir() and not p.name.startswith(".")):
+        if not (variant / "metadata.json").is_file():
+            continue
+        for path in sorted(variant.rglob("*")):
+            rel = path.relative_to(variant)
+            if path.is_file() and "__pycache__" not in rel.parts and path.suffix != ".pyc":
+                files.append((f"build/{variant.name}/{rel.as_posix()}", path))
+    if benchmarks_dir is not None and benchmarks_dir.is_dir():
+        for path in sorted(benchmarks_dir.glob("benchmark*.py")):
+            files.append((f"benchmarks/{path.name}", path))
+    return files
+
+
+def snapshot_id(files: list[tuple[str, Path]]) -> str:
+    h = hashlib.sha1()
+    for rel, path in files:
+        h.update(f"{rel}\0{file_digest(path)}\n".encode())
+    return h.hexdigest()
+
+
+def stage_build(build_dir: Path, cache_dir: Path, repo_id: str = "org/fused-geglu", ref: str = "v1",
+                benchmarks_dir: Path | None = None) -> str:
+    """Stage ``build_dir`` into ``cache_dir`` under ``ref``; returns the snapshot id."""
+    build_dir = Path(build_dir)
+    files = _staged_files(build_dir, benchmarks_dir)
+    if not any(rel.startswith("build/") for rel, _ in files):
+        raise FileNotFoundError(f"no built variants in {build_dir}: run `fused-geglu build` first")
+    sha = snapshot_id(files)
+    repo_dir = repo_cache_dir(cache_dir, repo_id)
+    snap = repo_dir / "snapshots" / sha
+    if snap.exists():
+        shutil.rmtree(snap)
+    for rel, path in files:
+        target = snap / rel
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(path, target)
+    (repo_dir / "refs").mkdir(parents=True, exist_ok=True)
+    (repo_dir / "refs" / ref).write_text(sha)
+    return sha

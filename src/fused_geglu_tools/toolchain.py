@@ -1,0 +1,136 @@
+"""Compiler command lines for the compiled variants (g++ for C++, nvcc for CUDA).
+
+Mirrors what kernel-builder's CMake does for a [torch] kernel: the ops id as
+TORCH_EXTENSION_NAME, CPU_KERNEL / CUDA_KERNEL, the cxx11 ABI flag of the installed torch, C++17
+for torch < 2.12 and C++20 from 2.12, Python's limited API, one shared object per variant.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sysconfig
+from dataclasses import dataclass
+from pathlib import Path
+
+
+class ToolchainError(RuntimeError):
+    pass
+
+
+@dataclass(frozen=True)
+class Toolchain:
+    cxx: str
+    nvcc: str | None
+    torch_version: tuple[int, int]
+    cxx11_abi: bool
+    torch_cuda: str | None  # torch.version.cuda
+    include_dirs: tuple[str, ...]
+    cuda_include_dirs: tuple[str, ...]
+    library_dirs: tuple[str, ...]
+    cuda_library_dirs: tuple[str, ...]
+
+    @property
+    def cxx_std(self) -> str:
+        return "c++20" if self.torch_version >= (2, 12) else "c++17"
+
+    def common_defines(self, ops_id: str, backend: str) -> list[str]:
+        return [
+            f"-D_GLIBCXX_USE_CXX11_ABI={int(self.cxx11_abi)}",
+            f"-DTORCH_EXTENSION_NAME={ops_id}",
+            "-DPy_LIMITED_API=0x03090000",
+            "-DCPU_KERNEL" if backend == "cpu" else "-DCUDA_KERNEL",
+        ]
+
+
+def _cuda_home(nvcc: str | None) -> Path | None:
+    env = os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH")
+    if env:
+        return Path(env)
+    if nvcc:
+        return Path(nvcc).resolve().parent.parent
+    return None
+
+
+def detect() -> Toolchain:
+    import torch
+    from torch.utils import cpp_extension
+
+    cxx = os.environ.get("CXX") or shutil.which("g++") or shutil.which("c++")
+    if cxx is None:
+        raise ToolchainError("no C++ compiler found (install g++ or set CXX)")
+    nvcc = os.environ.get("NVCC") or shutil.which("nvcc")
+    cuda_home = _cuda_home(nvcc)
+    version = tuple(int(p) for p in torch.__version__.split("+")[0].split(".")[:2])
+    includes = [*cpp_extension.include_paths(), sysconfig.get_paths()["include"]]
+    cuda_includes: list[str] = []
+    cuda_libs: list[str] = []
+    if cuda_home is not None:
+        for sub in ("include", "targets/x86_64-linux/include"):
+            if (cuda_home / sub).is_dir():
+                cuda_includes.append(str(cuda_home / sub))
+        for sub in ("lib64", "targets/x86_64-linux/lib", "lib"):
+            if (cuda_home / sub).is_dir():
+                cuda_libs.append(str(cuda_home / sub))
+    return Toolchain(
+        cxx=cxx,
+        nvcc=nvcc,
+        torch_version=version,
+        cxx11_abi=bool(torch.compiled_with_cxx11_abi()),
+        torch_cuda=torch.version.cuda,
+        include_dirs=tuple(includes),
+        cuda_include_dirs=tuple(cuda_includes),
+        library_dirs=tuple(cpp_extension.library_paths()),
+        cuda_library_dirs=tuple(cuda_libs),
+    )
+
+
+def dependency_include_dirs(depends: tuple[str, ...]) -> list[str]:
+    """Header folders for kernel-builder ``depends`` entries that this builder can provide.
+
+    ``cutlass_*``: the CUTLASS/CuTe headers shipped in the ``nvidia-cutlass`` wheel (found
+    through its ``cutlass_library`` package), or ``$CUTLASS_PATH/include``.
+    """
+    dirs: list[str] = []
+    for dep in depends:
+        if dep == "torch":
+            continue
+        if dep.startswith("cutlass"):
+            dirs.extend(_cutlass_include_dirs())
+        else:
+            raise ToolchainError(f"build.toml depends on {dep!r}, which this builder cannot provide")
+    return dirs
+
+
+def _cutlass_include_dirs() -> list[str]:
+    env = os.environ.get("CUTLASS_PATH")
+    candidates = [Path(env) / "include"] if env else []
+    try:
+        import cutlass_library
+
+        base = Path(cutlass_library.__file__).parent
+        candidates += [base / "source" / "include", base.parent / "cutlass" / "include"]
+        candidates += [p.parent.parent for p in base.rglob("cutlass/cutlass.h")]
+    except ImportError:
+        pass
+    for cand in candidates:
+        if (cand / "cutlass" / "cutlass.h").is_file():
+            out = [str(cand)]
+            util = cand.parent / "tools" / "util" / "include"
+            if util.is_dir():
+                out.append(str(util))
+            return out
+    raise ToolchainError(
+        "CUTLASS headers not found: pip install nvidia-cutlass (or set CUTLASS_PATH)"
+    )
+
+
+def gencode_flags(capabilities: list[str]) -> list[str]:
+    """``-gencode`` for each capability, "9.0" -> sm_90, "9.0a" -> sm_90a."""
+    flags = []
+    for cap in capabilities:
+        num = cap.replace(".", "").replace("+PTX", "")
+        flags += ["-gencode", f"arch=compute_{num},code=sm_{num}"]
+        if cap.endswith("+PTX"):
+            flags += ["-gencode", f"arch=compute_{num},code=compute_{num}"]
+    return flags

@@ -1,0 +1,48 @@
+"""Argument checks for the public API: each failure names the argument and what was expected."""
+
+from __future__ import annotations
+
+import torch
+
+FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+APPROXIMATIONS = ("none", "tanh")
+ACTIVATIONS = ("none", "gelu", "gelu_tanh")
+
+
+def tensor(name: str, t, ndim: int | None = None, min_ndim: int | None = None) -> None:
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if t.dtype not in FLOAT_DTYPES:
+        raise TypeError(f"{name} must be float32, float16 or bfloat16, got {t.dtype}")
+    if ndim is not None and t.dim() != ndim:
+        raise ValueError(f"{name} must be {ndim}-D, got shape {tuple(t.shape)}")
+    if min_ndim is not None and t.dim() < min_ndim:
+        raise ValueError(f"{name} must have at least {min_ndim} dimension(s), got shape {tuple(t.shape)}")
+
+
+def same_dtype_device(ref_name: str, ref: torch.Tensor, **others) -> None:
+    for name, t in others.items():
+        if t is None:
+            continue
+        if t.dtype != ref.dtype:
+            raise TypeError(f"{name} has dtype {t.dtype} but {ref_name} has {ref.dtype}; they must match")
+        if t.device != ref.device:
+            raise ValueError(f"{name} is on {t.device} but {ref_name} is on {ref.device}; they must be on one device")
+
+
+def approximate(value) -> str:
+    if value not in APPROXIMATIONS:
+        raise ValueError(f"approximate must be 'none' (exact erf GELU) or 'tanh', got {value!r}")
+    return value
+
+
+def activation(value) -> str:
+    value = "none" if value is None else value
+    if value not in ACTIVATIONS:
+        raise ValueError(f"activation must be None, 'gelu' or 'gelu_tanh', got {value!r}")
+    return value
+
+
+def shape(name: str, t: torch.Tensor, expected: tuple[int, ...], what: str) -> None:
+    if tuple(t.shape) != tuple(expected):
+        raise ValueError(f"{name} must have shape {tuple(expected)} ({what}), got {tuple(t.shape)}")

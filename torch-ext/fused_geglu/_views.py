@@ -1,0 +1,25 @@
+"""2-D row views of N-D tensors, without copies where the strides allow it."""
+
+from __future__ import annotations
+
+import torch
+
+
+def rows(t: torch.Tensor) -> torch.Tensor:
+    """``t`` as [prod(leading dims), last dim] with last-dim stride 1.
+
+    Views when the leading dims collapse (contiguous tensors, and the halves of a packed
+    [..., 2d] tensor); otherwise (e.g. ``x[::2]`` of a 3-D tensor, or a transposed last dim)
+    one copy is made.
+    """
+    n = t.shape[-1]
+    if t.stride(-1) != 1 and n > 1:
+        t = t.contiguous()
+    try:
+        return t.view(-1, n)
+    except RuntimeError:
+        return t.reshape(-1, n).contiguous()
+
+
+def rows_pair(a: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    return rows(a), rows(b)

@@ -1,0 +1,227 @@
+"""GeGLU pointwise: ``gelu(gate) * up`` as torch.library custom ops with autograd.
+
+Two forms share the kernels: separate ``(gate, up)`` tensors, and the packed ``x = [..., 2d]``
+(gate first, as kernels-community/activation), whose halves reach the kernels as strided views and
+whose gradient is written into one ``[..., 2d]`` buffer, so neither direction copies.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from . import _checks, _dispatch
+from ._ops import add_op_namespace_prefix, ops
+from ._views import rows
+from .reference import gelu, gelu_grad
+
+_APPROX_CODE = {"none": 0, "tanh": 1}
+
+
+def _pick(device: torch.device, backend: str) -> str:
+    backend = _dispatch.requested(backend)
+    if backend == "auto":
+        # The compiled kernels (16-byte vectorised CUDA, or threaded C++ on CPU) are written for
+        # exactly this op; Triton only when no compiled variant is loaded.
+        avail = _dispatch.available_backends(device)
+        for cand in ("cuda", "cpu", "triton", "torch"):
+            if cand in avail:
+                return cand
+    _dispatch.check_available("geglu", device, backend)
+    return backend
+
+
+# ---- launchers: fill preallocated 2-D outputs -------------------------------------------------
+
+def _fwd_into(out2, gate2, up2, approximate: str, backend: str) -> None:
+    if out2.shape[0] == 0:
+        return
+    if backend in ("cuda", "cpu"):
+        ops.geglu_fwd(out2, gate2, up2, _APPROX_CODE[approximate])
+    elif backend == "triton":
+        from .triton_kernels import geglu as tk
+
+        tk.geglu_fwd(out2, gate2, up2, approximate)
+    else:
+        out2.copy_(gelu(gate2.float(), approximate) * up2.float())
+
+
+def _bwd_into(dgate2, dup2, grad2, gate2, up2, approximate: str, backend: str) -> None:
+    if grad2.shape[0] == 0:
+        return
+    if backend in ("cuda", "cpu"):
+        ops.geglu_bwd(dgate2, dup2, grad2, gate2, up2, _APPROX_CODE[approximate])
+    elif backend == "triton":
+        from .triton_kernels import geglu as tk
+
+        tk.geglu_bwd(dgate2, dup2, grad2, gate2, up2, approximate)
+    else:
+        g, u, dy = gate2.float(), up2.float(), grad2.float()
+        dgate2.copy_(dy * u * gelu_grad(g, approximate))
+        dup2.copy_(dy * gelu(g, approximate))
+
+
+# ---- separate (gate, up) ------------------------------------------------------------------------
+
+@torch.library.custom_op(add_op_namespace_prefix("geglu_fwd_op"), mutates_args=())
+def geglu_fwd_op(gate: torch.Tensor, up: torch.Tensor, approximate: str, backend: str) -> torch.Tensor:
+    backend = _pick(gate.device, backend)
+    out = torch.empty(gate.shape, dtype=gate.dtype, device=gate.device)
+    _fwd_into(rows(out), rows(gate), rows(up), approximate, backend)
+    _dispatch.record("geglu", backend)
+    return out
+
+
+@geglu_fwd_op.register_fake
+def _(gate, up, approximate, backend):
+    return gate.new_empty(gate.shape)
+
+
+@torch.library.custom_op(add_op_namespace_prefix("geglu_bwd_op"), mutates_args=())
+def geglu_bwd_op(grad_out: torch.Tensor, gate: torch.Tensor, up: torch.Tensor, approximate: str,
+                 backend: str) -> tuple[torch.Tensor, torch.Tensor]:
+    backend = _pick(gate.device, backend)
+    dgate = torch.empty(gate.shape, dtype=gate.dtype, device=gate.device)
+    dup = torch.empty(up.shape, dtype=up.dtype, device=up.device)
+    _bwd_into(rows(dgate), rows(dup), rows(grad_out), rows(gate), rows(up), approximate, backend)
+    return dgate, dup
+
+
+@geglu_bwd_op.register_fake
+def _(grad_out, gate, up, approximate, backend):
+    return gate.new_empty(gate.shape), up.new_empty(up.shape)
+
+
+def _geglu_setup(ctx, inputs, output):
+    gate, up, approximate, backend = inputs
+    ctx.save_for_backward(gate, up)
+    ctx.approximate, ctx.backend = approximate, backend
+
+
+def _geglu_backward(ctx, grad_out):
+    gate, up = ctx.saved_tensors
+    dgate, dup = geglu_bwd_op(grad_out, gate, up, ctx.approximate, ctx.backend)
+    return dgate, dup, None, None
+
+
+geglu_fwd_op.register_autograd(_geglu_backward, setup_context=_geglu_setup)
+
+
+# ---- packed x = [..., 2d] ---------------------------------------------------------------------
+
+def _halves(x2: torch.Tensor):
+    d = x2.shape[-1] // 2
+    return x2[:, :d], x2[:, d:]
+
+
+@torch.library.custom_op(add_op_namespace_prefix("geglu_packed_fwd_op"), mutates_args=())
+def geglu_packed_fwd_op(x: torch.Tensor, approximate: str, backend: str) -> torch.Tensor:
+    backend = _pick(x.device, backend)
+    out = torch.empty((*x.shape[:-1], x.shape[-1] // 2), dtype=x.dtype, device=x.device)
+    gate2, up2 = _halves(rows(x))
+    _fwd_into(rows(out), gate2, up2, approximate, backend)
+    _dispatch.record("gelu_and_mul", backend)
+    return out
+
+
+@geglu_packed_fwd_op.register_fake
+def _(x, approximate, backend):
+    return x.new_empty((*x.shape[:-1], x.shape[-1] // 2))
+
+
+@torch.library.custom_op(add_op_namespace_prefix("geglu_packed_bwd_op"), mutates_args=())
+def geglu_packed_bwd_op(grad_out: torch.Tensor, x: torch.Tensor, approximate: str, backend: str) -> torch.Tensor:
+    backend = _pick(x.device, backend)
+    dx = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    dgate2, dup2 = _halves(rows(dx))
+    gate2, up2 = _halves(rows(x))
+    _bwd_into(dgate2, dup2, rows(grad_out), gate2, up2, approximate, backend)
+    return dx
+
+
+@geglu_packed_bwd_op.register_fake
+def _(grad_out, x, approximate, backend):
+    return x.new_empty(x.shape)
+
+
+def _packed_setup(ctx, inputs, output):
+    x, approximate, backend = inputs
+    ctx.save_for_backward(x)
+    ctx.approximate, ctx.backend = approximate, backend
+
+
+def _packed_backward(ctx, grad_out):
+    (x,) = ctx.saved_tensors
+    return geglu_packed_bwd_op(grad_out, x, ctx.approximate, ctx.backend), None, None
+
+
+geglu_packed_fwd_op.register_autograd(_packed_backward, setup_context=_packed_setup)
+
+
+@torch.library.custom_op(add_op_namespace_prefix("gelu_and_mul_out_op"), mutates_args=("out",))
+def gelu_and_mul_out_op(out: torch.Tensor, x: torch.Tensor, approximate: str, backend: str) -> None:
+    backend = _pick(x.device, backend)
+    gate2, up2 = _halves(rows(x))
+    _fwd_into(out.view(-1, out.shape[-1]), gate2, up2, approximate, backend)
+    _dispatch.record("gelu_and_mul", backend)
+
+
+@gelu_and_mul_out_op.register_fake
+def _(out, x, approximate, backend):
+    return None
+
+
+# ---- public functions -------------------------------------------------------------------------
+
+def geglu(gate: torch.Tensor, up: torch.Tensor, approximate: str = "none",
+          backend: str | None = None) -> torch.Tensor:
+    """``gelu(gate) * up`` for ``gate``, ``up`` of one shape [..., d]; differentiable.
+
+    ``approximate``: ``"none"`` (exact, erf) or ``"tanh"``. Math in fp32, output in the input dtype.
+    """
+    _checks.tensor("gate", gate, min_ndim=1)
+    _checks.tensor("up", up, min_ndim=1)
+    _checks.same_dtype_device("gate", gate, up=up)
+    if gate.shape != up.shape:
+        raise ValueError(f"gate and up must have the same shape, got {tuple(gate.shape)} and {tuple(up.shape)}")
+    _checks.approximate(approximate)
+    return geglu_fwd_op(gate, up, approximate, _dispatch.requested(backend))
+
+
+def _check_packed(x: torch.Tensor, name: str = "x") -> None:
+    _checks.tensor(name, x, min_ndim=1)
+    if x.shape[-1] % 2:
+        raise ValueError(f"{name} must have an even last dimension [..., 2*d] (gate, then up), "
+                         f"got shape {tuple(x.shape)}")
+
+
+def geglu_packed(x: torch.Tensor, approximate: str = "none", backend: str | None = None) -> torch.Tensor:
+    """``gelu(x[..., :d]) * x[..., d:]`` for ``x = [..., 2d]``; differentiable, returns a new tensor."""
+    _check_packed(x)
+    _checks.approximate(approximate)
+    return geglu_packed_fwd_op(x, approximate, _dispatch.requested(backend))
+
+
+def _gelu_and_mul(out: torch.Tensor, x: torch.Tensor, approximate: str, backend: str | None) -> torch.Tensor:
+    _check_packed(x)
+    _checks.tensor("out", out)
+    _checks.same_dtype_device("x", x, out=out)
+    _checks.shape("out", out, (*x.shape[:-1], x.shape[-1] // 2), "x.shape[:-1] + (x.shape[-1] // 2,)")
+    if not out.is_contiguous():
+        raise ValueError(f"out must be contiguous, got strides {out.stride()}")
+    backend = _dispatch.requested(backend)
+    if torch.is_grad_enabled() and x.requires_grad:
+        # Differentiable path: copy_ records the copy in the graph, so out carries the gradient.
+        out.copy_(geglu_packed_fwd_op(x, approximate, backend))
+    else:
+        gelu_and_mul_out_op(out, x, approximate, backend)
+    return out
+
+
+def gelu_and_mul(out: torch.Tensor, x: torch.Tensor, backend: str | None = None) -> torch.Tensor:
+    """kernels-community/activation-compatible: ``out = gelu(x[..., :d]) * x[..., d:]`` (exact GELU)."""
+    return _gelu_and_mul(out, x, "none", backend)
+
+
+def gelu_tanh_and_mul(out: torch.Tensor, x: torch.Tensor, backend: str | None = None) -> torch.Tensor:
+    """kernels-community/activation-compatible: as :func:`gelu_and_mul` with tanh GELU."""
+    return _gelu_and_mul(out, x, "tanh", backend)

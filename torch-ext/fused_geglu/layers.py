@@ -1,0 +1,154 @@
+"""Kernel layers for ``kernels.kernelize``: stateless ``forward`` replacements.
+
+Rules (kernels' ``_validate_layer``): subclasses of ``nn.Module`` with no ``__init__`` and no
+members but ``forward``, ``has_backward`` and ``can_torch_compile``; ``forward`` has the same
+arity as the forward it replaces; all state is read from the host module's own attributes.
+
+Every layer checks, per call, that the fused computation is exactly what the host would compute
+(a GELU it recognises, plain dense weights, no autocast, dropout inactive where it would matter)
+and otherwise runs the host's original math, so a replacement can never change results. The
+transformers integration also refuses such modules up front (``condition=``), so this is a
+backstop, not the plan.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from .geglu import geglu, geglu_packed
+from .linear import linear
+from .mlp import geglu_mlp
+
+# transformers activation classes by behaviour (matched by name: the kernel may not import
+# transformers). All tanh-form GELUs are the same function: 0.5x(1+tanh(sqrt(2/pi)(x+0.044715x^3))).
+_TANH_GELU_CLASSES = {"GELUTanh", "PytorchGELUTanh", "GELUPytorchTanh", "NewGELUActivation", "FastGELUActivation"}
+_EXACT_GELU_CLASSES = {"GELUActivation"}
+
+
+def gelu_approximation(act) -> str | None:
+    """"none" / "tanh" for an activation module that is exactly GELU of that flavour, else None."""
+    if isinstance(act, nn.GELU):
+        return act.approximate if act.approximate in ("none", "tanh") else None
+    name = type(act).__name__
+    if name in _TANH_GELU_CLASSES:
+        return "tanh"
+    if name in _EXACT_GELU_CLASSES:
+        return "none"
+    return None
+
+
+def _dense(*linears) -> bool:
+    """Plain dense ``nn.Linear``s (not quantised/sharded wrappers) on one dtype and device."""
+    ref = None
+    for lin in linears:
+        if type(lin) is not nn.Linear or type(lin.weight) not in (torch.Tensor, nn.Parameter):
+            return False
+        if ref is None:
+            ref = lin.weight
+        elif lin.weight.dtype != ref.dtype or lin.weight.device != ref.device:
+            return False
+    return True
+
+
+def _fusable(x: torch.Tensor, *linears) -> bool:
+    return (_dense(*linears) and x.dtype == linears[0].weight.dtype
+            and x.device == linears[0].weight.device and not torch.is_autocast_enabled(x.device.type))
+
+
+def _bias(lin: nn.Linear):
+    return lin.bias
+
+
+class GeGLUMLP(nn.Module):
+    """``down_proj(act_fn(gate_proj(x)) * up_proj(x))`` for Gemma-style MLPs (biases optional).
+
+    Host attributes: ``gate_proj``, ``up_proj``, ``down_proj`` (``nn.Linear``), ``act_fn``
+    (a GELU: exact or tanh).
+    """
+
+    gate_proj: nn.Linear
+    up_proj: nn.Linear
+    down_proj: nn.Linear
+    act_fn: nn.Module
+
+    has_backward = True
+    can_torch_compile = True
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        approx = gelu_approximation(self.act_fn)
+        if approx is None or not _fusable(x, self.gate_proj, self.up_proj, self.down_proj):
+            return self.down_proj(self.act_fn(self.gate_proj(x)) * self.up_proj(x))
+        return geglu_mlp(x, self.gate_proj.weight, self.up_proj.weight, self.down_proj.weight,
+                         _bias(self.gate_proj), _bias(self.up_proj), _bias(self.down_proj), approximate=approx)
+
+
+class T5GeGLUDense(nn.Module):
+    """T5-family gated-GELU feed-forward: ``wo(dropout(act(wi_0(x)) * wi_1(x)))``.
+
+    Host attributes: ``wi_0``, ``wi_1``, ``wo`` (``nn.Linear``), ``act``, ``dropout``. Like the
+    host, the product is cast to ``wo``'s dtype when T5 keeps ``wo`` in float32.
+    """
+
+    wi_0: nn.Linear
+    wi_1: nn.Linear
+    wo: nn.Linear
+    act: nn.Module
+    dropout: nn.Module
+
+    has_backward = True
+    can_torch_compile = True
+
+    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        approx = gelu_approximation(self.act)
+        if approx is None or not _fusable(hidden_states, self.wi_0, self.wi_1):
+            h = self.act(self.wi_0(hidden_states)) * self.wi_1(hidden_states)
+        else:
+            dropout_active = self.training and getattr(self.dropout, "p", 0.0) > 0
+            if not dropout_active and _fusable(hidden_states, self.wi_0, self.wi_1, self.wo):
+                return geglu_mlp(hidden_states, self.wi_0.weight, self.wi_1.weight, self.wo.weight,
+                                 _bias(self.wi_0), _bias(self.wi_1), _bias(self.wo), approximate=approx)
+            h = geglu(self.wi_0(hidden_states), self.wi_1(hidden_states), approximate=approx)
+        h = self.dropout(h)
+        wo_weight = self.wo.weight
+        if isinstance(wo_weight, torch.Tensor) and h.dtype != wo_weight.dtype and wo_weight.dtype != torch.int8:
+            h = h.to(wo_weight.dtype)
+        return self.wo(h)
+
+
+class LinearBias(nn.Module):
+    """``nn.Linear`` with the bias added in the GEMM epilogue (host: ``weight``, ``bias``)."""
+
+    weight: torch.Tensor
+    bias: torch.Tensor | None
+
+    has_backward = True
+    can_torch_compile = True
+
+    def forward(self, input: torch.Tensor) -> torch.Tensor:
+        if not _fusable(input, self):
+            return nn.functional.linear(input, self.weight, self.bias)
+        return linear(input, self.weight, self.bias)
+
+
+class GeluAndMul(nn.Module):
+    """``gelu(x[..., :d]) * x[..., d:]`` (exact GELU) for packed ``x = [..., 2d]``."""
+
+    has_backward = True
+    can_torch_compile = True
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return geglu_packed(x, approximate="none")
+
+
+class GeluTanhAndMul(nn.Module):
+    """``gelu_tanh(x[..., :d]) * x[..., d:]`` for packed ``x = [..., 2d]``."""
+
+    has_backward = True
+    can_torch_compile = True
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return geglu_packed(x, approximate="tanh")
+
+
+__all__ = ["GeGLUMLP", "T5GeGLUDense", "LinearBias", "GeluAndMul", "GeluTanhAndMul", "gelu_approximation"]

@@ -1,0 +1,198 @@
+"""``geglu_mlp``: the whole ``down(gelu(gate(x)) * up(x))`` block, forward and backward.
+
+Paths (``last_backend("geglu_mlp")`` names the one that ran):
+- ``"triton"``: one gate+up kernel reads each x tile once for both weights and writes only
+  ``h`` (plus the gate/up pre-activations when training); the down GEMM adds its bias in the
+  epilogue. Backward: the ``dh = dy @ W_down`` GEMM computes dgate/dup in its epilogue and
+  re-emits ``h`` for ``dW_down``, so ``h`` is never saved.
+- ``"<pointwise>+gemm"`` (``"cuda+gemm"``, ``"cpu+gemm"``, ``"torch+gemm"``): vendor GEMMs
+  (cuBLAS / ATen) around this project's GeGLU pointwise kernel. The auto policy on CUDA uses it
+  wherever measurements say the fused kernel would lose (``configs``' dispatch table).
+
+Saved for backward: x, and the gate/up pre-activations (``2·M·I`` values), or nothing but x
+with ``recompute=True`` (one more gate+up GEMM in the backward).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from . import _checks, _dispatch
+from . import geglu as _geglu
+from ._ops import add_op_namespace_prefix
+from ._views import rows
+from .policy import mlp_backend_for
+
+
+def _pick(device: torch.device, backend: str, m: int, h: int, i: int) -> str:
+    backend = _dispatch.requested(backend)
+    avail = _dispatch.available_backends(device)
+    if backend == "auto":
+        if device.type == "cuda":
+            choice = mlp_backend_for(m, h, i)  # measured table: "triton" or "cuda" (GEMMs + pointwise)
+            if choice in avail:
+                return choice
+            return "triton" if "triton" in avail else "torch"
+        return "cpu" if "cpu" in avail else "torch"
+    _dispatch.check_available("geglu_mlp", device, backend)
+    return backend
+
+
+def _addmm(bias, a, w):
+    return torch.addmm(bias, a, w.t()) if bias is not None else a @ w.t()
+
+
+def _gemm_forward(x2, wg, wu, wd, bg, bu, bd, approximate, pointwise):
+    gate, up = _addmm(bg, x2, wg), _addmm(bu, x2, wu)
+    h = torch.empty_like(gate)
+    _geglu._fwd_into(h, gate, up, approximate, pointwise)
+    return _addmm(bd, h, wd), gate, up
+
+
+@torch.library.custom_op(add_op_namespace_prefix("geglu_mlp_fwd_op"), mutates_args=())
+def geglu_mlp_fwd_op(x: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor, w_down: torch.Tensor,
+                     b_gate: torch.Tensor | None, b_up: torch.Tensor | None, b_down: torch.Tensor | None,
+                     approximate: str, save_preact: bool, backend: str
+                     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    x2 = rows(x)
+    m, (i, h) = x2.shape[0], w_gate.shape
+    backend = _pick(x.device, backend, m, h, i)
+    empty = x.new_empty((0,))
+    if m == 0:
+        y, gate, up = x2.new_empty((0, h)), empty, empty
+    elif backend == "triton":
+        from .triton_kernels import linear as tk_linear
+        from .triton_kernels import mlp as tk_mlp
+
+        hid = torch.empty((m, i), dtype=x.dtype, device=x.device)
+        gate = torch.empty((m, i), dtype=x.dtype, device=x.device) if save_preact else None
+        up = torch.empty((m, i), dtype=x.dtype, device=x.device) if save_preact else None
+        tk_mlp.gateup_fwd(hid, x2, w_gate, w_up, b_gate, b_up, approximate, gate, up)
+        y = torch.empty((m, h), dtype=x.dtype, device=x.device)
+        tk_linear.linear_fwd(y, hid, w_down, b_down, "none", None)
+        gate = gate if save_preact else empty
+        up = up if save_preact else empty
+    else:
+        y, gate, up = _gemm_forward(x2, w_gate, w_up, w_down, b_gate, b_up, b_down, approximate, backend)
+        if not save_preact:
+            gate, up = empty, empty
+    _dispatch.record("geglu_mlp", backend if backend == "triton" else f"{backend}+gemm")
+    return y.view(*x.shape[:-1], h), gate, up
+
+
+@geglu_mlp_fwd_op.register_fake
+def _(x, w_gate, w_up, w_down, b_gate, b_up, b_down, approximate, save_preact, backend):
+    m = x.numel() // x.shape[-1] if x.shape[-1] else 0
+    i, h = w_gate.shape
+    pre = (m, i) if save_preact else (0,)
+    return x.new_empty((*x.shape[:-1], h)), x.new_empty(pre), x.new_empty(pre)
+
+
+@torch.library.custom_op(add_op_namespace_prefix("geglu_mlp_bwd_op"), mutates_args=())
+def geglu_mlp_bwd_op(grad_y: torch.Tensor, x: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor,
+                     w_down: torch.Tensor, b_gate: torch.Tensor | None, b_up: torch.Tensor | None,
+                     gate: torch.Tensor, up: torch.Tensor, approximate: str, recompute: bool,
+                     has_b_down: bool, backend: str) -> list[torch.Tensor]:
+    x2, dy = rows(x), rows(grad_y)
+    m, (i, h) = x2.shape[0], w_gate.shape
+    backend = _pick(x.device, backend, m, h, i)
+    dt, dev = x.dtype, x.device
+    if m == 0:
+        zeros = [torch.zeros_like(w) for w in (w_gate, w_up, w_down)]
+        biases = [torch.zeros((n,), dtype=dt, device=dev) if present else x.new_empty((0,))
+                  for n, present in ((i, b_gate is not None), (i, b_up is not None), (h, has_b_down))]
+        return [torch.empty_like(x), *zeros, *biases]
+    dgu = torch.empty((m, 2 * i), dtype=dt, device=dev)  # dgate | dup in one buffer
+    dgate, dup = dgu[:, :i], dgu[:, i:]
+    hid = torch.empty((m, i), dtype=dt, device=dev)
+    if backend == "triton":
+        from .triton_kernels import mlp as tk_mlp
+
+        if recompute:
+            gate = torch.empty((m, i), dtype=dt, device=dev)
+            up = torch.empty((m, i), dtype=dt, device=dev)
+            tk_mlp.gateup_fwd(hid, x2, w_gate, w_up, b_gate, b_up, approximate, gate, up)
+        tk_mlp.dh_bwd(dgate, dup, hid, dy, w_down, gate, up, approximate)
+    else:
+        if recompute:
+            gate, up = _addmm(b_gate, x2, w_gate), _addmm(b_up, x2, w_up)
+        dh = dy @ w_down
+        _geglu._bwd_into(dgate, dup, dh, gate, up, approximate, backend)
+        _geglu._fwd_into(hid, gate, up, approximate, backend)
+    d_w_down = dy.t() @ hid
+    dx = dgate @ w_gate
+    dx.addmm_(dup, w_up)
+    d_w_gate = dgate.t() @ x2
+    d_w_up = dup.t() @ x2
+    empty = x.new_empty((0,))
+    db_gate = dgate.sum(0, dtype=torch.float32).to(dt) if b_gate is not None else empty
+    db_up = dup.sum(0, dtype=torch.float32).to(dt) if b_up is not None else empty
+    db_down = dy.sum(0, dtype=torch.float32).to(dt) if has_b_down else empty
+    return [dx.view(x.shape), d_w_gate, d_w_up, d_w_down, db_gate, db_up, db_down]
+
+
+@geglu_mlp_bwd_op.register_fake
+def _(grad_y, x, w_gate, w_up, w_down, b_gate, b_up, gate, up, approximate, recompute, has_b_down, backend):
+    i, h = w_gate.shape
+    e = x.new_empty((0,))
+    return [x.new_empty(x.shape), w_gate.new_empty(w_gate.shape), w_up.new_empty(w_up.shape),
+            w_down.new_empty(w_down.shape),
+            x.new_empty((i,)) if b_gate is not None else e,
+            x.new_empty((i,)) if b_up is not None else e,
+            x.new_empty((h,)) if has_b_down else e]
+
+
+def _setup(ctx, inputs, output):
+    x, w_gate, w_up, w_down, b_gate, b_up, b_down, approximate, save_preact, backend = inputs
+    _, gate, up = output
+    ctx.save_for_backward(x, w_gate, w_up, w_down, b_gate, b_up, gate, up)
+    ctx.approximate, ctx.backend = approximate, backend
+    ctx.recompute = not save_preact
+    ctx.has_bias = (b_gate is not None, b_up is not None, b_down is not None)
+
+
+def _backward(ctx, grad_y, _g_gate, _g_up):
+    x, w_gate, w_up, w_down, b_gate, b_up, gate, up = ctx.saved_tensors
+    dx, dwg, dwu, dwd, dbg, dbu, dbd = geglu_mlp_bwd_op(
+        grad_y.contiguous(), x, w_gate, w_up, w_down, b_gate, b_up, gate, up, ctx.approximate,
+        ctx.recompute, ctx.has_bias[2], ctx.backend)
+    bg, bu, bd = ctx.has_bias
+    return (dx, dwg, dwu, dwd, dbg if bg else None, dbu if bu else None, dbd if bd else None,
+            None, None, None)
+
+
+geglu_mlp_fwd_op.register_autograd(_backward, setup_context=_setup)
+
+
+def geglu_mlp(x: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor, w_down: torch.Tensor,
+              b_gate: torch.Tensor | None = None, b_up: torch.Tensor | None = None,
+              b_down: torch.Tensor | None = None, approximate: str = "tanh", recompute: bool = False,
+              backend: str | None = None) -> torch.Tensor:
+    """``down(gelu(x @ w_gate.T + b_gate) * (x @ w_up.T + b_up)) + b_down``, differentiable.
+
+    x: [..., H]; w_gate, w_up: [I, H]; w_down: [H, I] (the host module's ``nn.Linear`` weights,
+    used as they are); biases [I], [I], [H] or None. ``recompute=True`` saves only x for the
+    backward and recomputes the gate/up pre-activations there.
+    """
+    _checks.tensor("x", x, min_ndim=1)
+    for name, w in (("w_gate", w_gate), ("w_up", w_up), ("w_down", w_down)):
+        _checks.tensor(name, w, ndim=2)
+    _checks.same_dtype_device("x", x, w_gate=w_gate, w_up=w_up, w_down=w_down, b_gate=b_gate, b_up=b_up,
+                              b_down=b_down)
+    i, h = w_gate.shape
+    if x.shape[-1] != h:
+        raise ValueError(f"x has {x.shape[-1]} features (shape {tuple(x.shape)}) but w_gate expects {h} "
+                         f"(shape {tuple(w_gate.shape)})")
+    _checks.shape("w_up", w_up, (i, h), "same as w_gate")
+    _checks.shape("w_down", w_down, (h, i), "(hidden, intermediate) = w_gate.T's shape")
+    for name, b, n in (("b_gate", b_gate, i), ("b_up", b_up, i), ("b_down", b_down, h)):
+        if b is not None:
+            _checks.tensor(name, b)
+            _checks.shape(name, b, (n,), "one per output feature")
+    _checks.approximate(approximate)
+    w_gate, w_up, w_down = (w if w.stride(-1) == 1 else w.contiguous() for w in (w_gate, w_up, w_down))
+    needs_grad = torch.is_grad_enabled() and any(
+        t is not None and t.requires_grad for t in (x, w_gate, w_up, w_down, b_gate, b_up, b_down))
+    y, _, _ = geglu_mlp_fwd_op(x, w_gate, w_up, w_down, b_gate, b_up, b_down, approximate,
+                               needs_grad and not recompute, _dispatch.requested(backend))
+    return y
