@@ -1,0 +1,407 @@
+// GeGLU forward/backward for CPU tensors: out = gelu(gate) * up and its gradients.
+//
+// Build: no flags beyond the builder's defaults (-O3 -std=c++20 -fPIC, linked against c10/torch/torch_cpu).
+//   * Do NOT add -mavx2/-march=native: the .so must load on any x86-64. The AVX2+FMA code is compiled
+//     through GCC `target("avx2,fma")` function attributes and chosen at run time with
+//     __builtin_cpu_supports; everything else is the SSE2 baseline. (Non-x86 builds get the baseline only.)
+//   * Do NOT add -fopenmp: threads come from torch's own pool via at::parallel_for.
+//   * Do NOT add -ffast-math: the rounding tricks below (fp16 store, exp range reduction) rely on
+//     IEEE evaluation order.
+//
+// Design.
+//   * Each (dtype, gelu flavour, ISA) is one plain element loop that g++ -O3 auto-vectorises: loads are
+//     upcast to fp32 with bit operations, all math is branchless fp32 (selects, no libm calls), and the
+//     single rounding to the storage dtype happens at the store (round-to-nearest-even, NaN kept).
+//   * Exact GELU uses the normal CDF Phi(x) = 0.5 * (1 + erf(x / sqrt 2)) computed directly:
+//       |x| < 1 : Phi(x) = 0.5 + x * A(x^2)          (A: degree-6 minimax fit, rel. error 1e-11)
+//       |x| >= 1: Phi(-|x|) = exp(-B(|x| - 4))        (B: degree-11 fit of -log Phi(-t) on [1, 7], 2e-9)
+//     so the negative tail has no 1 + erf cancellation (torch's own fp32 gelu loses up to ~1e-4 relative
+//     there). Beyond |x| = 7 Phi is 0 or 1 (Phi(-7) = 1.3e-12). gelu'(x) = Phi(x) + x * phi(x).
+//   * Tanh GELU uses 0.5 * (1 + tanh(u)) = sigmoid(2u): gelu = x / (1 + exp(-2u)), and
+//     gelu' = s + x * s * (1 - s) * d(2u)/dx with 1 - s = e * s, again without cancellation.
+//   * exp: Cody-Waite reduction by ln 2, degree-6 minimax polynomial, exponent built with integer ops;
+//     input clamped to [-87, 88] (results stay normal; NaN propagates).
+//   * Work is split over (row, column block) units so a single long row still uses every thread, with a
+//     grain so that small tensors stay on the calling thread.
+//   * FUSED_GEGLU_CPU_ISA=baseline|avx2|auto (read once, default auto) forces one code path; meant for tests.
+//
+// Known limits: denormal fp16 inputs are read as 0 if the process enables flush-to-zero/denormals-are-zero
+// (torch.set_flush_denormal(True)); +-inf inputs give +-inf or NaN gradients like plain fp32 math would.
+// The FMA path is slightly more accurate than the baseline one; both are within ~1-2 ulp of fp32.
+
+#include <ATen/MemoryOverlap.h>
+#include <ATen/Parallel.h>
+#include <ATen/core/Tensor.h>
+#include <c10/util/Exception.h>
+
+#include <algorithm>
+#include <bit>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+
+namespace {
+
+// ---------------------------------------------------------------------------------------------------
+// Branchless building blocks.
+
+// c ? a : b as bit operations. Every select and clamp below uses these instead of ?: on purpose: GCC
+// jump-threads a ?: (e.g. duplicates the exp polynomial for a clamped constant) or sinks an arm's fp
+// arithmetic into a branch, then cannot if-convert it back (fp ops "may trap" under the default
+// -ftrapping-math) and the loop is no longer vectorised. The and/or keeps both arms unconditional.
+inline __attribute__((always_inline)) uint32_t blend_bits(bool c, uint32_t a, uint32_t b) {
+  const uint32_t m = 0u - static_cast<uint32_t>(c);
+  return (a & m) | (b & ~m);
+}
+inline __attribute__((always_inline)) float blend(bool c, float a, float b) {
+  return std::bit_cast<float>(blend_bits(c, std::bit_cast<uint32_t>(a), std::bit_cast<uint32_t>(b)));
+}
+
+// ---------------------------------------------------------------------------------------------------
+// Storage formats: load upcasts to fp32, store rounds once (nearest-even) to the storage type.
+
+struct F32 {
+  using T = float;
+  static inline __attribute__((always_inline)) float load(T v) { return v; }
+  static inline __attribute__((always_inline)) T store(float f) { return f; }
+};
+
+struct BF16 {
+  using T = uint16_t;
+  static inline __attribute__((always_inline)) float load(T v) {
+    return std::bit_cast<float>(static_cast<uint32_t>(v) << 16);
+  }
+  static inline __attribute__((always_inline)) T store(float f) {
+    const uint32_t u = std::bit_cast<uint32_t>(f);
+    const uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;  // nearest-even
+    return static_cast<T>(blend_bits(f != f, 0x7fc0u, rounded));      // quiet NaN stays NaN
+  }
+};
+
+struct F16 {
+  using T = uint16_t;
+  static inline __attribute__((always_inline)) float load(T v) {
+    const uint32_t h = v;
+    const uint32_t mag = h & 0x7fffu;
+    // Put the 15 magnitude bits at fp32's exponent/mantissa position and rescale by 2^(127-15):
+    // exact for normals and (as fp32 denormal * 2^112) for fp16 denormals. Inf/NaN get exponent 255.
+    const float finite = std::bit_cast<float>(mag << 13) * 0x1.0p112f;
+    const uint32_t special = 0x7f800000u | ((mag & 0x3ffu) << 13);
+    const uint32_t bits = blend_bits(mag >= 0x7c00u, special, std::bit_cast<uint32_t>(finite));
+    return std::bit_cast<float>(bits | ((h & 0x8000u) << 16));
+  }
+  static inline __attribute__((always_inline)) T store(float f) {
+    const uint32_t u = std::bit_cast<uint32_t>(f);
+    const uint32_t sign = (u >> 16) & 0x8000u;
+    const int32_t a = static_cast<int32_t>(u & 0x7fffffffu);
+    // Normal results: rebias the exponent (127 -> 15) and round the 13 dropped mantissa bits to
+    // nearest-even; a carry ripples into the exponent, and overflow saturates to inf below.
+    const int32_t rebased = a - (112 << 23);
+    const int32_t normal = (rebased + 0xfff + ((rebased >> 13) & 1)) >> 13;
+    // Denormal results (|f| < 2^-14): adding 0.5 makes the FPU round |f| to a multiple of 2^-24
+    // (fp32's ulp at 0.5); the integer difference of the bit patterns is the fp16 mantissa (a result
+    // of exactly 2^-14 becomes 0x400, the smallest normal, which is the right encoding).
+    const float absf = std::bit_cast<float>(static_cast<uint32_t>(a));
+    const int32_t denormal =
+        static_cast<int32_t>(std::bit_cast<uint32_t>(absf + 0.5f) - std::bit_cast<uint32_t>(0.5f));
+    int32_t h = static_cast<int32_t>(blend_bits(a < (113 << 23), static_cast<uint32_t>(denormal),
+                                                 static_cast<uint32_t>(normal)));
+    h = static_cast<int32_t>(blend_bits(h > 0x7c00, 0x7c00u, static_cast<uint32_t>(h)));  // overflow: inf
+    h = static_cast<int32_t>(blend_bits(a > 0x7f800000, 0x7e00u, static_cast<uint32_t>(h)));  // NaN
+    return static_cast<T>(static_cast<uint32_t>(h) | sign);
+  }
+};
+
+// ---------------------------------------------------------------------------------------------------
+// Branchless fp32 math. FMA selects fused multiply-adds (only in the target("avx2,fma") clones).
+
+template <bool FMA>
+inline __attribute__((always_inline)) float madd(float a, float b, float c) {
+  if constexpr (FMA) {
+    return __builtin_fmaf(a, b, c);
+  } else {
+    return a * b + c;
+  }
+}
+
+template <bool FMA>
+inline __attribute__((always_inline)) float exp_f32(float x) {
+  x = blend(x < -87.0f, -87.0f, x);  // NaN passes through both clamps
+  x = blend(x > 88.0f, 88.0f, x);
+  constexpr float kRound = 12582912.0f;  // 1.5 * 2^23: adding it rounds to an integer
+  const float n = madd<FMA>(x, 1.44269502e+00f, kRound) - kRound;
+  // Cody-Waite: ln2_hi has 16 significant bits, so n * ln2_hi is exact for |n| <= 128.
+  float r = madd<FMA>(n, -6.93145752e-01f, x);
+  r = madd<FMA>(n, -1.42860677e-06f, r);
+  // e^r = 1 + r + r^2 * g(r), g a degree-4 minimax fit on [-0.3467, 0.3467] (rel. error 1.2e-7 on g).
+  float g = 1.390127814e-03f;
+  g = madd<FMA>(g, r, 8.363162167e-03f);
+  g = madd<FMA>(g, r, 4.166685417e-02f);
+  g = madd<FMA>(g, r, 1.666657776e-01f);
+  g = madd<FMA>(g, r, 5.000000000e-01f);
+  const float p = madd<FMA>(r * r, g, r) + 1.0f;
+  const int32_t ni = static_cast<int32_t>(n);  // in [-126, 127] after the clamp
+  const float scale = std::bit_cast<float>(static_cast<uint32_t>(ni + 127) << 23);
+  return p * scale;
+}
+
+// Standard normal CDF Phi(x) (see the header comment for the two regions).
+template <bool FMA>
+inline __attribute__((always_inline)) float normal_cdf(float x) {
+  const float ax = std::bit_cast<float>(std::bit_cast<uint32_t>(x) & 0x7fffffffu);
+  // |x| < 1: Phi(x) - 1/2 = x * A(x^2).
+  const float s = x * x;
+  float a = 5.368461871e-07f;
+  a = madd<FMA>(a, s, -9.273140677e-06f);
+  a = madd<FMA>(a, s, 1.153193152e-04f);
+  a = madd<FMA>(a, s, -1.187287970e-03f);
+  a = madd<FMA>(a, s, 9.973550215e-03f);
+  a = madd<FMA>(a, s, -6.649038196e-02f);
+  a = madd<FMA>(a, s, 3.989422917e-01f);
+  const float cdf_small = madd<FMA>(x, a, 0.5f);
+  // |x| >= 1: Phi(-|x|) = exp(-B(|x| - 4)), B fitted on |x| in [1, 7].
+  const float t = blend(ax > 7.0f, 7.0f, ax) - 4.0f;
+  float b = -3.081255251e-10f;
+  b = madd<FMA>(b, t, 4.042952639e-10f);
+  b = madd<FMA>(b, t, 1.125353499e-08f);
+  b = madd<FMA>(b, t, -8.742232183e-08f);
+  b = madd<FMA>(b, t, 7.385884260e-07f);
+  b = madd<FMA>(b, t, -6.545923497e-06f);
+  b = madd<FMA>(b, t, 5.222239633e-05f);
+  b = madd<FMA>(b, t, -3.961426846e-04f);
+  b = madd<FMA>(b, t, 2.975889482e-03f);
+  b = madd<FMA>(b, t, 4.766635895e-01f);
+  b = madd<FMA>(b, t, 4.225607395e+00f);
+  b = madd<FMA>(b, t, 1.036010170e+01f);
+  float tail = exp_f32<FMA>(-b);
+  tail = blend(ax > 7.0f, 0.0f, tail);
+  const float cdf_large = blend(x > 0.0f, 1.0f - tail, tail);
+  return blend(ax < 1.0f, cdf_small, cdf_large);  // NaN takes the large branch and stays NaN
+}
+
+constexpr float kInvSqrt2Pi = 3.98942280e-01f;  // 1 / sqrt(2 pi)
+constexpr float kTanhK0 = 1.59576912e+00f;      // 2 * sqrt(2 / pi)
+constexpr float kTanhK1 = 7.13548162e-02f;      // 2 * sqrt(2 / pi) * 0.044715
+
+// gelu(x), and optionally gelu'(x) into *dgelu.
+template <bool TANH, bool FMA, bool GRAD>
+inline __attribute__((always_inline)) float gelu(float x, float *dgelu) {
+  if constexpr (TANH) {
+    const float x2 = x * x;
+    const float v = x * madd<FMA>(kTanhK1, x2, kTanhK0);  // v = 2u
+    const float e = exp_f32<FMA>(-v);
+    const float sig = 1.0f / (1.0f + e);                  // sigmoid(v) = 0.5 * (1 + tanh u)
+    if constexpr (GRAD) {
+      const float dv = madd<FMA>(3.0f * kTanhK1, x2, kTanhK0);
+      *dgelu = madd<FMA>(x * sig, (e * sig) * dv, sig);   // s + x s (1 - s) v'
+    }
+    return x * sig;
+  } else {
+    const float cdf = normal_cdf<FMA>(x);
+    if constexpr (GRAD) {
+      const float pdf = kInvSqrt2Pi * exp_f32<FMA>(-0.5f * x * x);
+      *dgelu = madd<FMA>(x, pdf, cdf);
+    }
+    return x * cdf;
+  }
+}
+
+// ---------------------------------------------------------------------------------------------------
+// Contiguous spans of one row. These are the loops the compiler vectorises.
+
+template <class D, bool TANH, bool FMA>
+inline __attribute__((always_inline)) void fwd_span(void *out_v, const void *gate_v,
+                                                    const void *up_v, int64_t n) {
+  using T = typename D::T;
+  T *__restrict out = static_cast<T *>(out_v);
+  const T *__restrict gate = static_cast<const T *>(gate_v);
+  const T *__restrict up = static_cast<const T *>(up_v);
+  for (int64_t i = 0; i < n; ++i) {
+    out[i] = D::store(gelu<TANH, FMA, false>(D::load(gate[i]), nullptr) * D::load(up[i]));
+  }
+}
+
+template <class D, bool TANH, bool FMA>
+inline __attribute__((always_inline)) void bwd_span(void *grad_gate_v, void *grad_up_v,
+                                                    const void *grad_out_v, const void *gate_v,
+                                                    const void *up_v, int64_t n) {
+  using T = typename D::T;
+  T *__restrict grad_gate = static_cast<T *>(grad_gate_v);
+  T *__restrict grad_up = static_cast<T *>(grad_up_v);
+  const T *__restrict grad_out = static_cast<const T *>(grad_out_v);
+  const T *__restrict gate = static_cast<const T *>(gate_v);
+  const T *__restrict up = static_cast<const T *>(up_v);
+  for (int64_t i = 0; i < n; ++i) {
+    const float go = D::load(grad_out[i]);
+    float dg;
+    const float g = gelu<TANH, FMA, true>(D::load(gate[i]), &dg);
+    grad_gate[i] = D::store(go * D::load(up[i]) * dg);
+    grad_up[i] = D::store(go * g);
+  }
+}
+
+using FwdFn = void (*)(void *, const void *, const void *, int64_t);
+using BwdFn = void (*)(void *, void *, const void *, const void *, const void *, int64_t);
+
+template <class D, bool TANH>
+void fwd_baseline(void *o, const void *g, const void *u, int64_t n) {
+  fwd_span<D, TANH, false>(o, g, u, n);
+}
+template <class D, bool TANH>
+void bwd_baseline(void *gg, void *gu, const void *go, const void *g, const void *u, int64_t n) {
+  bwd_span<D, TANH, false>(gg, gu, go, g, u, n);
+}
+
+#if defined(__x86_64__) || defined(__i386__)
+#define GEGLU_HAVE_AVX2 1
+template <class D, bool TANH>
+__attribute__((target("avx2,fma"))) void fwd_avx2(void *o, const void *g, const void *u,
+                                                  int64_t n) {
+  fwd_span<D, TANH, true>(o, g, u, n);
+}
+template <class D, bool TANH>
+__attribute__((target("avx2,fma"))) void bwd_avx2(void *gg, void *gu, const void *go,
+                                                  const void *g, const void *u, int64_t n) {
+  bwd_span<D, TANH, true>(gg, gu, go, g, u, n);
+}
+#else
+#define GEGLU_HAVE_AVX2 0
+#endif
+
+// Chosen once per process: AVX2+FMA when the CPU has both, unless FUSED_GEGLU_CPU_ISA says otherwise.
+bool use_avx2() {
+  static const bool value = [] {
+#if GEGLU_HAVE_AVX2
+    const char *env = std::getenv("FUSED_GEGLU_CPU_ISA");
+    if (env != nullptr && std::strcmp(env, "baseline") == 0) return false;
+    __builtin_cpu_init();
+    const bool has = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+    TORCH_CHECK(env == nullptr || std::strcmp(env, "avx2") != 0 || has,
+                "FUSED_GEGLU_CPU_ISA=avx2 but this CPU lacks AVX2/FMA");
+    return has;
+#else
+    return false;
+#endif
+  }();
+  return value;
+}
+
+template <class D, bool TANH>
+FwdFn pick_fwd() {
+#if GEGLU_HAVE_AVX2
+  if (use_avx2()) return &fwd_avx2<D, TANH>;
+#endif
+  return &fwd_baseline<D, TANH>;
+}
+template <class D, bool TANH>
+BwdFn pick_bwd() {
+#if GEGLU_HAVE_AVX2
+  if (use_avx2()) return &bwd_avx2<D, TANH>;
+#endif
+  return &bwd_baseline<D, TANH>;
+}
+
+// Calls f.template operator()<D>() with the storage format of `dtype`.
+template <class F>
+auto with_format(at::ScalarType dtype, F &&f) {
+  switch (dtype) {
+    case at::kFloat: return f.template operator()<F32>();
+    case at::kHalf: return f.template operator()<F16>();
+    case at::kBFloat16: return f.template operator()<BF16>();
+    default: TORCH_CHECK(false, "geglu (cpu): unsupported dtype ", dtype);
+  }
+}
+
+// ---------------------------------------------------------------------------------------------------
+// Validation (the Python layer checks first; these are the backstop) and the threaded row loop.
+
+void check_operand(const char *op, const char *name, const at::Tensor &t, const at::Tensor &gate) {
+  TORCH_CHECK(t.device().is_cpu(), op, ": ", name, " must be a CPU tensor, got device ", t.device());
+  TORCH_CHECK(t.dim() == 2, op, ": ", name, " must be 2-D [rows, cols], got ", t.dim(),
+              "-D with shape ", t.sizes());
+  TORCH_CHECK(t.scalar_type() == gate.scalar_type(), op, ": ", name,
+              " must have gate's dtype ", gate.scalar_type(), ", got ", t.scalar_type());
+  TORCH_CHECK(t.sizes() == gate.sizes(), op, ": ", name, " must have gate's shape ", gate.sizes(),
+              ", got ", t.sizes());
+  TORCH_CHECK(t.size(1) <= 1 || t.stride(1) == 1, op, ": ", name,
+              " must have last-dim stride 1, got strides ", t.strides());
+  TORCH_CHECK(t.size(0) <= 1 || t.stride(0) >= t.size(1), op, ": ", name,
+              " must have row stride >= cols, got strides ", t.strides(), " for shape ", t.sizes());
+}
+
+void check_common(const char *op, const at::Tensor &gate, int64_t approximate) {
+  TORCH_CHECK(approximate == 0 || approximate == 1, op,
+              ": approximate must be 0 (erf) or 1 (tanh), got ", approximate);
+  const auto dtype = gate.scalar_type();
+  TORCH_CHECK(dtype == at::kFloat || dtype == at::kHalf || dtype == at::kBFloat16, op,
+              ": dtype must be float32, float16 or bfloat16, got ", dtype);
+}
+
+// Work unit = (row, block of kColBlock columns); a parallel_for task gets at least ~kGrainElems elements.
+constexpr int64_t kColBlock = 8192;
+constexpr int64_t kGrainElems = 32768;
+
+template <class Body>  // body(row, col0, ncols)
+void for_each_span(int64_t rows, int64_t cols, Body &&body) {
+  const int64_t nblocks = (cols + kColBlock - 1) / kColBlock;
+  const int64_t unit_elems = cols < kColBlock ? cols : kColBlock;
+  const int64_t grain = std::max<int64_t>(1, kGrainElems / unit_elems);
+  at::parallel_for(0, rows * nblocks, grain, [&](int64_t begin, int64_t end) {
+    for (int64_t unit = begin; unit < end; ++unit) {
+      const int64_t row = unit / nblocks;
+      const int64_t col0 = (unit % nblocks) * kColBlock;
+      body(row, col0, std::min(kColBlock, cols - col0));
+    }
+  });
+}
+
+// Byte address of element (row, col) of a 2-D tensor with unit last-dim stride.
+inline char *at_rc(const at::Tensor &t, int64_t row, int64_t col) {
+  return static_cast<char *>(t.data_ptr()) + (row * t.stride(0) + col) * t.element_size();
+}
+
+}  // namespace
+
+void geglu_fwd(at::Tensor &out, at::Tensor const &gate, at::Tensor const &up, int64_t approximate) {
+  constexpr const char *op = "geglu_fwd";
+  check_common(op, gate, approximate);
+  check_operand(op, "gate", gate, gate);
+  check_operand(op, "up", up, gate);
+  check_operand(op, "out", out, gate);
+  at::assert_no_partial_overlap(out, gate);
+  at::assert_no_partial_overlap(out, up);
+  const int64_t rows = gate.size(0), cols = gate.size(1);
+  if (rows == 0 || cols == 0) return;
+
+  const FwdFn fn = with_format(gate.scalar_type(), [&]<class D>() {
+    return approximate == 1 ? pick_fwd<D, true>() : pick_fwd<D, false>();
+  });
+  for_each_span(rows, cols, [&](int64_t r, int64_t c0, int64_t n) {
+    fn(at_rc(out, r, c0), at_rc(gate, r, c0), at_rc(up, r, c0), n);
+  });
+}
+
+void geglu_bwd(at::Tensor &grad_gate, at::Tensor &grad_up, at::Tensor const &grad_out,
+               at::Tensor const &gate, at::Tensor const &up, int64_t approximate) {
+  constexpr const char *op = "geglu_bwd";
+  check_common(op, gate, approximate);
+  check_operand(op, "gate", gate, gate);
+  check_operand(op, "up", up, gate);
+  check_operand(op, "grad_out", grad_out, gate);
+  check_operand(op, "grad_gate", grad_gate, gate);
+  check_operand(op, "grad_up", grad_up, gate);
+  // Each grad is stored independently of the other's inputs, so no in-place aliasing is allowed here
+  // (unlike the forward, whose single store depends on both loads).
+  for (const at::Tensor *t : std::initializer_list<const at::Tensor *>{&grad_up, &grad_out, &gate, &up}) at::assert_no_overlap(grad_gate, *t);
+  for (const at::Tensor *t : {&grad_out, &gate, &up}) at::assert_no_overlap(grad_up, *t);
+  const int64_t rows = gate.size(0), cols = gate.size(1);
+  if (rows == 0 || cols == 0) return;
+
+  const BwdFn fn = with_format(gate.scalar_type(), [&]<class D>() {
+    return approximate == 1 ? pick_bwd<D, true>() : pick_bwd<D, false>();
+  });
+  for_each_span(rows, cols, [&](int64_t r, int64_t c0, int64_t n) {
+    fn(at_rc(grad_gate, r, c0), at_rc(grad_up, r, c0), at_rc(grad_out, r, c0), at_rc(gate, r, c0),
+       at_rc(up, r, c0), n);
+  });
+}

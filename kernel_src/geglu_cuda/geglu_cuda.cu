@@ -1,0 +1,369 @@
+// GeGLU forward/backward for CUDA tensors: out = gelu(gate) * up and its gradients.
+//
+// Build: nvcc -O3 -std=c++17 -Xcompiler -fPIC, one -gencode per arch in build.toml (sm_80, sm_90), plus the
+// torch/CUDA include paths. No -use_fast_math (the accuracy targets assume IEEE expf/normcdff/reciprocal).
+//
+// Memory-bound elementwise kernel; the design choices, in order of how much they matter:
+//   * 16-byte accesses (8 bf16/fp16 or 4 fp32 per load/store) whenever every base pointer and every row
+//     stride is a multiple of 16 bytes (the normal case, also for the two halves of a packed [rows, 2*cols]
+//     tensor when cols * element size is a multiple of 16). Otherwise a 1-element path. The last
+//     cols % 8 (resp. % 4) columns of a row are done by scalar code inside the vector kernel.
+//   * ILP: each thread issues all its loads (kIlp packs per input) before any math, so several 16-byte
+//     loads per thread are in flight.
+//   * 2-D blocks (column threads x rows) and a 2-D grid (column chunks x row groups, grid-striding over
+//     rows beyond 65535 groups), so both short rows and few rows still fill the GPU.
+//   * fp32 math on upcast values with one rounding at the store: exact GELU through normcdff (no
+//     1 + erf cancellation in the negative tail), tanh GELU as x * sigmoid(2u), whose derivative
+//     s + x s (1 - s) (2u)' is computed with 1 - s = e * s (no cancellation either).
+//   * Launch on the current stream with the device guard; no allocation and no host sync, so it is safe
+//     under CUDA graph capture.
+
+#include <ATen/MemoryOverlap.h>
+#include <ATen/core/Tensor.h>
+#include <c10/cuda/CUDAException.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>  // what at::cuda::getCurrentCUDAStream forwards to; no cuBLAS/cuSPARSE headers
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <algorithm>
+#include <climits>
+#include <cstdint>
+
+namespace {
+
+// ---------------------------------------------------------------------------------------------------
+// Element conversion: load upcasts to fp32, store rounds once (nearest-even).
+
+template <typename T>
+struct Conv;
+template <>
+struct Conv<float> {
+  static __device__ __forceinline__ float load(float v) { return v; }
+  static __device__ __forceinline__ float store(float f) { return f; }
+};
+template <>
+struct Conv<__half> {
+  static __device__ __forceinline__ float load(__half v) { return __half2float(v); }
+  static __device__ __forceinline__ __half store(float f) { return __float2half_rn(f); }
+};
+template <>
+struct Conv<__nv_bfloat16> {
+  static __device__ __forceinline__ float load(__nv_bfloat16 v) { return __bfloat162float(v); }
+  static __device__ __forceinline__ __nv_bfloat16 store(float f) { return __float2bfloat16_rn(f); }
+};
+
+// N elements moved as one aligned access (N * sizeof(T) = 16 bytes -> one 128-bit load/store).
+template <typename T, int N>
+struct alignas(sizeof(T) * N) Pack {
+  T v[N];
+};
+
+// ---------------------------------------------------------------------------------------------------
+// GELU in fp32.
+
+constexpr float kInvSqrt2Pi = 0.398942280401432678f;  // 1 / sqrt(2 pi)
+constexpr float kTanhK0 = 1.59576912160573071f;       // 2 * sqrt(2 / pi)
+constexpr float kTanhK1 = 0.0713548162726008322f;     // 2 * sqrt(2 / pi) * 0.044715
+
+// Returns gelu(x); with GRAD also writes gelu'(x) to *dgelu.
+template <bool TANH, bool GRAD>
+__device__ __forceinline__ float gelu(float x, float *dgelu) {
+  if constexpr (TANH) {
+    // 0.5 * (1 + tanh(u)) = sigmoid(v), v = 2u = 2 sqrt(2/pi) (x + 0.044715 x^3).
+    const float x2 = x * x;
+    const float v = x * fmaf(kTanhK1, x2, kTanhK0);
+    const float e = expf(fminf(-v, 88.0f));  // clamp: 1 + e stays finite, so e * sig below is not inf * 0
+    const float sig = __frcp_rn(1.0f + e);
+    if constexpr (GRAD) {
+      const float dv = fmaf(3.0f * kTanhK1, x2, kTanhK0);
+      *dgelu = fmaf(x * sig, (e * sig) * dv, sig);  // sig + x sig (1 - sig) v'
+    }
+    return x * sig;
+  } else {
+    const float cdf = normcdff(x);
+    if constexpr (GRAD) {
+      *dgelu = fmaf(x, kInvSqrt2Pi * expf(-0.5f * x * x), cdf);  // Phi(x) + x phi(x)
+    }
+    return x * cdf;
+  }
+}
+
+// ---------------------------------------------------------------------------------------------------
+// Kernels. A thread owns kIlp packs of one row, spaced blockDim.x packs apart (coalesced per k), and
+// loads all of them before doing any math.
+
+constexpr int kThreads = 256;  // per block, = blockDim.x * blockDim.y
+// >= 4 resident blocks per SM caps registers at 64 (50% occupancy). With kFwdIlp * 2 inputs or
+// kBwdIlp * 3 inputs 16-byte loads per thread that keeps ~96-128 KiB of loads in flight per SM, well
+// above what HBM latency x bandwidth needs, without spills.
+constexpr int kMinBlocks = 3;
+constexpr int kFwdIlp = 4;  // packs per input per thread (2 inputs)
+constexpr int kBwdIlp = 2;  // (3 inputs)
+
+template <typename T>
+struct FwdArgs {
+  T *out;
+  const T *gate;
+  const T *up;
+  int64_t out_stride, gate_stride, up_stride;  // row strides, in elements
+  int64_t rows;
+  int cols;
+};
+
+template <typename T>
+struct BwdArgs {
+  T *grad_gate;
+  T *grad_up;
+  const T *grad_out;
+  const T *gate;
+  const T *up;
+  int64_t grad_gate_stride, grad_up_stride, grad_out_stride, gate_stride, up_stride;
+  int64_t rows;
+  int cols;
+};
+
+template <typename T, int VW, bool TANH>
+__global__ void __launch_bounds__(kThreads, kMinBlocks) geglu_fwd_kernel(const FwdArgs<T> a) {
+  constexpr int kIlp = kFwdIlp;
+  using P = Pack<T, VW>;
+  using C = Conv<T>;
+  const int npacks = a.cols / VW;
+  const int first = blockIdx.x * blockDim.x * kIlp + threadIdx.x;
+  for (int64_t row = int64_t(blockIdx.y) * blockDim.y + threadIdx.y; row < a.rows;
+       row += int64_t(gridDim.y) * blockDim.y) {
+    const T *gate = a.gate + row * a.gate_stride;
+    const T *up = a.up + row * a.up_stride;
+    T *out = a.out + row * a.out_stride;
+    P g[kIlp], u[kIlp];
+#pragma unroll
+    for (int k = 0; k < kIlp; ++k) {
+      const int p = first + k * blockDim.x;
+      if (p < npacks) {
+        g[k] = reinterpret_cast<const P *>(gate)[p];
+        u[k] = reinterpret_cast<const P *>(up)[p];
+      }
+    }
+#pragma unroll
+    for (int k = 0; k < kIlp; ++k) {
+      const int p = first + k * blockDim.x;
+      if (p < npacks) {
+        P o;
+#pragma unroll
+        for (int j = 0; j < VW; ++j) {
+          o.v[j] = C::store(gelu<TANH, false>(C::load(g[k].v[j]), nullptr) * C::load(u[k].v[j]));
+        }
+        reinterpret_cast<P *>(out)[p] = o;
+      }
+    }
+    if constexpr (VW > 1) {  // the cols % VW leftover columns (< VW <= blockDim.x)
+      const int c = npacks * VW + threadIdx.x;
+      if (blockIdx.x == 0 && c < a.cols) {
+        out[c] = C::store(gelu<TANH, false>(C::load(gate[c]), nullptr) * C::load(up[c]));
+      }
+    }
+  }
+}
+
+template <typename T, int VW, bool TANH>
+__global__ void __launch_bounds__(kThreads, kMinBlocks) geglu_bwd_kernel(const BwdArgs<T> a) {
+  constexpr int kIlp = kBwdIlp;
+  using P = Pack<T, VW>;
+  using C = Conv<T>;
+  const int npacks = a.cols / VW;
+  const int first = blockIdx.x * blockDim.x * kIlp + threadIdx.x;
+  for (int64_t row = int64_t(blockIdx.y) * blockDim.y + threadIdx.y; row < a.rows;
+       row += int64_t(gridDim.y) * blockDim.y) {
+    const T *grad_out = a.grad_out + row * a.grad_out_stride;
+    const T *gate = a.gate + row * a.gate_stride;
+    const T *up = a.up + row * a.up_stride;
+    T *grad_gate = a.grad_gate + row * a.grad_gate_stride;
+    T *grad_up = a.grad_up + row * a.grad_up_stride;
+    P go[kIlp], g[kIlp], u[kIlp];
+#pragma unroll
+    for (int k = 0; k < kIlp; ++k) {
+      const int p = first + k * blockDim.x;
+      if (p < npacks) {
+        go[k] = reinterpret_cast<const P *>(grad_out)[p];
+        g[k] = reinterpret_cast<const P *>(gate)[p];
+        u[k] = reinterpret_cast<const P *>(up)[p];
+      }
+    }
+#pragma unroll
+    for (int k = 0; k < kIlp; ++k) {
+      const int p = first + k * blockDim.x;
+      if (p < npacks) {
+        P dg, du;
+#pragma unroll
+        for (int j = 0; j < VW; ++j) {
+          float dgelu;
+          const float gl = gelu<TANH, true>(C::load(g[k].v[j]), &dgelu);
+          const float o = C::load(go[k].v[j]);
+          dg.v[j] = C::store(o * C::load(u[k].v[j]) * dgelu);
+          du.v[j] = C::store(o * gl);
+        }
+        reinterpret_cast<P *>(grad_gate)[p] = dg;
+        reinterpret_cast<P *>(grad_up)[p] = du;
+      }
+    }
+    if constexpr (VW > 1) {
+      const int c = npacks * VW + threadIdx.x;
+      if (blockIdx.x == 0 && c < a.cols) {
+        float dgelu;
+        const float gl = gelu<TANH, true>(C::load(gate[c]), &dgelu);
+        const float o = C::load(grad_out[c]);
+        grad_gate[c] = C::store(o * C::load(up[c]) * dgelu);
+        grad_up[c] = C::store(o * gl);
+      }
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------------------
+// Host side.
+
+struct Launch {
+  dim3 grid, block;
+};
+
+// Column threads: enough to cover a row's packs ilp at a time (32..256, power of two); the rest of the
+// block's 256 threads take further rows.
+Launch launch_config(int64_t rows, int cols, int vw, int ilp) {
+  const int npacks = std::max(cols / vw, 1);
+  const int want = (npacks + ilp - 1) / ilp;
+  int tx = 32;
+  while (tx < kThreads && tx < want) tx *= 2;
+  const int ty = kThreads / tx;
+  const int64_t col_blocks = (npacks + int64_t(tx) * ilp - 1) / (int64_t(tx) * ilp);
+  const int64_t row_blocks = std::min<int64_t>((rows + ty - 1) / ty, 65535);
+  return {dim3(unsigned(col_blocks), unsigned(row_blocks)), dim3(unsigned(tx), unsigned(ty))};
+}
+
+// 16-byte path only if every base pointer and every row stride is 16-byte aligned.
+bool aligned16(std::initializer_list<const at::Tensor *> ts) {
+  for (const at::Tensor *t : ts) {
+    const auto bytes = t->element_size();
+    if (reinterpret_cast<uintptr_t>(t->data_ptr()) % 16 != 0) return false;
+    if (t->size(0) > 1 && (t->stride(0) * bytes) % 16 != 0) return false;
+  }
+  return true;
+}
+
+template <typename F>
+void with_cuda_dtype(at::ScalarType dtype, F &&f) {
+  switch (dtype) {
+    case at::kFloat: f(float{}); break;
+    case at::kHalf: f(__half{}); break;
+    case at::kBFloat16: f(__nv_bfloat16{}); break;
+    default: TORCH_CHECK(false, "geglu (cuda): unsupported dtype ", dtype);
+  }
+}
+
+template <typename T>
+T *ptr(const at::Tensor &t) {
+  return reinterpret_cast<T *>(t.data_ptr());
+}
+
+void check_operand(const char *op, const char *name, const at::Tensor &t, const at::Tensor &gate) {
+  TORCH_CHECK(t.is_cuda(), op, ": ", name, " must be a CUDA tensor, got device ", t.device());
+  TORCH_CHECK(t.device() == gate.device(), op, ": ", name, " must be on gate's device ",
+              gate.device(), ", got ", t.device());
+  TORCH_CHECK(t.dim() == 2, op, ": ", name, " must be 2-D [rows, cols], got ", t.dim(),
+              "-D with shape ", t.sizes());
+  TORCH_CHECK(t.scalar_type() == gate.scalar_type(), op, ": ", name,
+              " must have gate's dtype ", gate.scalar_type(), ", got ", t.scalar_type());
+  TORCH_CHECK(t.sizes() == gate.sizes(), op, ": ", name, " must have gate's shape ", gate.sizes(),
+              ", got ", t.sizes());
+  TORCH_CHECK(t.size(1) <= 1 || t.stride(1) == 1, op, ": ", name,
+              " must have last-dim stride 1, got strides ", t.strides());
+  TORCH_CHECK(t.size(0) <= 1 || t.stride(0) >= t.size(1), op, ": ", name,
+              " must have row stride >= cols, got strides ", t.strides(), " for shape ", t.sizes());
+}
+
+void check_common(const char *op, const at::Tensor &gate, int64_t approximate) {
+  TORCH_CHECK(approximate == 0 || approximate == 1, op,
+              ": approximate must be 0 (erf) or 1 (tanh), got ", approximate);
+  const auto dtype = gate.scalar_type();
+  TORCH_CHECK(dtype == at::kFloat || dtype == at::kHalf || dtype == at::kBFloat16, op,
+              ": dtype must be float32, float16 or bfloat16, got ", dtype);
+  TORCH_CHECK(gate.dim() != 2 || gate.size(1) <= INT_MAX, op, ": cols must be <= ", INT_MAX,
+              ", got ", gate.size(1));
+}
+
+template <typename T, int VW, bool TANH>
+void launch_fwd(const FwdArgs<T> &args, cudaStream_t stream) {
+  const Launch l = launch_config(args.rows, args.cols, VW, kFwdIlp);
+  geglu_fwd_kernel<T, VW, TANH><<<l.grid, l.block, 0, stream>>>(args);
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+}
+
+template <typename T, int VW, bool TANH>
+void launch_bwd(const BwdArgs<T> &args, cudaStream_t stream) {
+  const Launch l = launch_config(args.rows, args.cols, VW, kBwdIlp);
+  geglu_bwd_kernel<T, VW, TANH><<<l.grid, l.block, 0, stream>>>(args);
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+}
+
+}  // namespace
+
+void geglu_fwd(at::Tensor &out, at::Tensor const &gate, at::Tensor const &up, int64_t approximate) {
+  constexpr const char *op = "geglu_fwd";
+  check_common(op, gate, approximate);
+  check_operand(op, "gate", gate, gate);
+  check_operand(op, "up", up, gate);
+  check_operand(op, "out", out, gate);
+  // out == gate or out == up exactly is fine (each thread reads its elements before writing them).
+  at::assert_no_partial_overlap(out, gate);
+  at::assert_no_partial_overlap(out, up);
+  const int64_t rows = gate.size(0), cols = gate.size(1);
+  if (rows == 0 || cols == 0) return;
+
+  const c10::cuda::CUDAGuard device_guard(gate.device());
+  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
+  const bool vec = aligned16({&out, &gate, &up});
+  with_cuda_dtype(gate.scalar_type(), [&](auto tag) {
+    using T = decltype(tag);
+    constexpr int kVec = 16 / sizeof(T);
+    const FwdArgs<T> args{ptr<T>(out),     ptr<T>(gate),    ptr<T>(up), out.stride(0),
+                          gate.stride(0), up.stride(0), rows,        int(cols)};
+    if (approximate == 1) {
+      vec ? launch_fwd<T, kVec, true>(args, stream) : launch_fwd<T, 1, true>(args, stream);
+    } else {
+      vec ? launch_fwd<T, kVec, false>(args, stream) : launch_fwd<T, 1, false>(args, stream);
+    }
+  });
+}
+
+void geglu_bwd(at::Tensor &grad_gate, at::Tensor &grad_up, at::Tensor const &grad_out,
+               at::Tensor const &gate, at::Tensor const &up, int64_t approximate) {
+  constexpr const char *op = "geglu_bwd";
+  check_common(op, gate, approximate);
+  check_operand(op, "gate", gate, gate);
+  check_operand(op, "up", up, gate);
+  check_operand(op, "grad_out", grad_out, gate);
+  check_operand(op, "grad_gate", grad_gate, gate);
+  check_operand(op, "grad_up", grad_up, gate);
+  // Each grad is stored independently of the other's inputs, so no in-place aliasing here.
+  for (const at::Tensor *t : std::initializer_list<const at::Tensor *>{&grad_up, &grad_out, &gate, &up})
+    at::assert_no_overlap(grad_gate, *t);
+  for (const at::Tensor *t : {&grad_out, &gate, &up}) at::assert_no_overlap(grad_up, *t);
+  const int64_t rows = gate.size(0), cols = gate.size(1);
+  if (rows == 0 || cols == 0) return;
+
+  const c10::cuda::CUDAGuard device_guard(gate.device());
+  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
+  const bool vec = aligned16({&grad_gate, &grad_up, &grad_out, &gate, &up});
+  with_cuda_dtype(gate.scalar_type(), [&](auto tag) {
+    using T = decltype(tag);
+    constexpr int kVec = 16 / sizeof(T);
+    const BwdArgs<T> args{ptr<T>(grad_gate),   ptr<T>(grad_up),      ptr<T>(grad_out),
+                          ptr<T>(gate),        ptr<T>(up),           grad_gate.stride(0),
+                          grad_up.stride(0),   grad_out.stride(0),   gate.stride(0),
+                          up.stride(0),        rows,                 int(cols)};
+    if (approximate == 1) {
+      vec ? launch_bwd<T, kVec, true>(args, stream) : launch_bwd<T, 1, true>(args, stream);
+    } else {
+      vec ? launch_bwd<T, kVec, false>(args, stream) : launch_bwd<T, 1, false>(args, stream);
+    }
+  });
+}
