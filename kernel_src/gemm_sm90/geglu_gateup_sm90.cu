@@ -1,0 +1,151 @@
+// Host op for the sm90 gate+up GeGLU GEMM (kernel in geglu_gateup_sm90_kernel.cuh; the w_gateup
+// interleave is specified in geglu_gateup_sm90.h):
+//
+//   h_out[M, I] = gelu(x @ w_gate^T + b_gate) * (x @ w_up^T + b_up)    (math on fp32 accumulators)
+//   preact_out[M, 2I] (optional) = x @ w_gateup^T + b_gateup, interleaved like w_gateup.
+//
+// This TU holds only checks and dispatch; it does not include CUTLASS kernels, so it builds fast.
+#include <ATen/ATen.h>
+#include <ATen/cuda/CUDAContext.h>
+#include <c10/cuda/CUDAGuard.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <optional>
+
+#include "geglu_gateup_sm90.h"
+
+namespace {
+
+using fused_geglu_sm90::GateUpArgs;
+using fused_geglu_sm90::TileCfg;
+
+void check_operand(const at::Tensor &t, const char *name, at::ScalarType dtype, int64_t row_align,
+                   int64_t ptr_align) {
+  TORCH_CHECK(t.is_cuda(), "geglu_gateup_sm90: ", name, " must be a CUDA tensor");
+  TORCH_CHECK(t.dim() == 2, "geglu_gateup_sm90: ", name, " must be 2-D, got ", t.sizes());
+  TORCH_CHECK(t.scalar_type() == dtype, "geglu_gateup_sm90: ", name, " dtype ", t.scalar_type(),
+              " != x dtype ", dtype);
+  TORCH_CHECK(t.stride(1) == 1, "geglu_gateup_sm90: ", name,
+              " needs a contiguous last dimension (stride 1), got strides ", t.strides());
+  TORCH_CHECK(t.stride(0) >= t.size(1) && t.stride(0) % row_align == 0, "geglu_gateup_sm90: ",
+              name, " row stride must be >= its row length and a multiple of ", row_align,
+              " elements (", row_align * t.element_size(), " bytes), got ", t.stride(0));
+  TORCH_CHECK(reinterpret_cast<uintptr_t>(t.data_ptr()) % ptr_align == 0, "geglu_gateup_sm90: ",
+              name, " data pointer must be ", ptr_align, "-byte aligned");
+}
+
+TileCfg pick_tile(int64_t M, int64_t N2, int sm_count) {
+  static const int forced = [] {
+    const char *e = std::getenv("FUSED_GEGLU_SM90_TILE");
+    if (e == nullptr) return -1;
+    if (std::strcmp(e, "128x128") == 0) return int(TileCfg::k128x128);
+    if (std::strcmp(e, "128x256") == 0) return int(TileCfg::k128x256);
+    return -1;
+  }();
+  if (forced >= 0) return TileCfg(forced);
+  // The wide tile halves B traffic per output but needs enough tiles to fill the machine.
+  const int64_t big_tiles = ((M + 127) / 128) * ((N2 + 255) / 256);
+  return big_tiles >= sm_count ? TileCfg::k128x256 : TileCfg::k128x128;
+}
+
+template <class Element>
+const char *dispatch(GateUpArgs &a, TileCfg cfg, at::Tensor &ws_holder, const at::Device &dev) {
+  using namespace fused_geglu_sm90;
+  const size_t ws = cfg == TileCfg::k128x256 ? geglu_gateup_workspace_bytes<Element, TileCfg::k128x256>(a)
+                                             : geglu_gateup_workspace_bytes<Element, TileCfg::k128x128>(a);
+  if (ws > 0) {
+    ws_holder = at::empty({int64_t(ws)}, at::TensorOptions().dtype(at::kByte).device(dev));
+    a.workspace = ws_holder.data_ptr();
+  }
+  return cfg == TileCfg::k128x256 ? launch_geglu_gateup<Element, TileCfg::k128x256>(a)
+                                  : launch_geglu_gateup<Element, TileCfg::k128x128>(a);
+}
+
+}  // namespace
+
+void geglu_gateup_sm90(at::Tensor &h_out, at::Tensor const &x, at::Tensor const &w_gateup,
+                       std::optional<at::Tensor> const &b_gateup, int64_t approximate,
+                       std::optional<at::Tensor> const &preact_out) {
+  const auto dtype = x.scalar_type();
+  TORCH_CHECK(dtype == at::kBFloat16 || dtype == at::kHalf,
+              "geglu_gateup_sm90: x must be bfloat16 or float16, got ", dtype);
+  TORCH_CHECK(approximate == 0 || approximate == 1,
+              "geglu_gateup_sm90: approximate must be 0 (erf) or 1 (tanh), got ", approximate);
+  check_operand(x, "x", dtype, 8, 16);
+  check_operand(w_gateup, "w_gateup", dtype, 8, 16);
+  check_operand(h_out, "h_out", dtype, 2, 4);
+  const int64_t M = x.size(0), H = x.size(1), N2 = w_gateup.size(0), I = N2 / 2;
+  TORCH_CHECK(w_gateup.size(1) == H, "geglu_gateup_sm90: w_gateup must be [2I, H=", H, "], got ",
+              w_gateup.sizes());
+  TORCH_CHECK(N2 % 16 == 0, "geglu_gateup_sm90: w_gateup rows 2I must be a multiple of 16 "
+              "(I % 8 == 0 for the 8-row interleave), got 2I=", N2);
+  TORCH_CHECK(H % 8 == 0, "geglu_gateup_sm90: x/w_gateup: H must be a multiple of 8 (16-byte TMA "
+              "rows), got H=", H);
+  TORCH_CHECK(h_out.size(0) == M && h_out.size(1) == I, "geglu_gateup_sm90: h_out must be [", M,
+              ", ", I, "], got ", h_out.sizes());
+  TORCH_CHECK(M <= INT32_MAX && N2 <= INT32_MAX && H <= INT32_MAX,
+              "geglu_gateup_sm90: sizes must fit in int32, got M=", M, " 2I=", N2, " H=", H);
+  const bool has_bias = b_gateup.has_value() && b_gateup->defined();
+  const bool has_pre = preact_out.has_value() && preact_out->defined();
+  if (has_bias) {
+    TORCH_CHECK(b_gateup->dim() == 1 && b_gateup->size(0) == N2 && b_gateup->is_contiguous() &&
+                    b_gateup->scalar_type() == dtype && b_gateup->is_cuda(),
+                "geglu_gateup_sm90: b_gateup must be a contiguous [", N2, "] ", dtype,
+                " CUDA tensor, got ", b_gateup->sizes(), " ", b_gateup->scalar_type());
+    TORCH_CHECK(reinterpret_cast<uintptr_t>(b_gateup->data_ptr()) % 4 == 0,
+                "geglu_gateup_sm90: b_gateup data pointer must be 4-byte aligned");
+  }
+  if (has_pre) {
+    check_operand(*preact_out, "preact_out", dtype, 2, 4);
+    TORCH_CHECK(preact_out->size(0) == M && preact_out->size(1) == N2,
+                "geglu_gateup_sm90: preact_out must be [", M, ", ", N2, "], got ",
+                preact_out->sizes());
+  }
+  TORCH_CHECK(x.device() == w_gateup.device() && h_out.device() == x.device(),
+              "geglu_gateup_sm90: tensors on different devices");
+  if (M == 0 || N2 == 0) return;
+  const c10::cuda::CUDAGuard guard(x.device());
+  const auto *prop = at::cuda::getCurrentDeviceProperties();
+  TORCH_CHECK(prop->major == 9, "geglu_gateup_sm90: needs an sm_90 (Hopper) GPU, got sm_",
+              prop->major, prop->minor);
+  if (H == 0) {  // empty reduction: pre-activations are the bias (or zero)
+    at::Tensor pre = has_bias ? b_gateup->unsqueeze(0).expand({M, N2}).to(at::kFloat)
+                              : at::zeros({M, N2}, x.options().dtype(at::kFloat));
+    if (has_pre) preact_out->copy_(pre);
+    auto p = pre.view({M, I / 8, 2, 8});
+    auto g = p.select(2, 0).reshape({M, I}), u = p.select(2, 1).reshape({M, I});
+    h_out.copy_(at::gelu(g, approximate ? "tanh" : "none") * u);
+    return;
+  }
+
+  GateUpArgs a{};
+  a.x = x.data_ptr();
+  a.w = w_gateup.data_ptr();
+  a.bias = has_bias ? b_gateup->data_ptr() : nullptr;
+  a.h = h_out.data_ptr();
+  a.preact = has_pre ? preact_out->data_ptr() : nullptr;
+  a.M = M;
+  a.N2 = N2;
+  a.K = H;
+  a.ldx = x.stride(0);
+  a.ldw = w_gateup.stride(0);
+  a.ldh = h_out.stride(0);
+  a.ldp = has_pre ? preact_out->stride(0) : 0;
+  a.approximate = int(approximate);
+  a.device = x.get_device();
+  a.sm_count = prop->multiProcessorCount;
+  a.stream = at::cuda::getCurrentCUDAStream();
+  a.workspace = nullptr;
+
+  const TileCfg cfg = pick_tile(M, N2, a.sm_count);
+  at::Tensor ws_holder;
+  const char *err = dtype == at::kBFloat16 ? dispatch<cutlass::bfloat16_t>(a, cfg, ws_holder, x.device())
+                                           : dispatch<cutlass::half_t>(a, cfg, ws_holder, x.device());
+  if (err != nullptr) {
+    const cudaError_t ce = cudaGetLastError();
+    TORCH_CHECK(false, "geglu_gateup_sm90: ", err, " (", cudaGetErrorString(ce), ") for x ",
+                x.sizes(), " strides ", x.strides(), ", w_gateup ", w_gateup.sizes(), " strides ",
+                w_gateup.strides(), ", tile ", cfg == TileCfg::k128x256 ? "128x256" : "128x128");
+  }
+}

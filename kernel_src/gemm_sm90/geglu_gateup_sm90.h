@@ -1,0 +1,61 @@
+// Hopper (sm_90a) gate+up GEMM with a GeGLU epilogue: one CUTLASS 3.x kernel, TMA + wgmma
+// warp-specialised cooperative mainloop (collective builder), and a custom register epilogue that
+// pairs each gate accumulator with its up accumulator held by the same thread and writes the
+// half-width h = gelu(gate) * up with a single store (plus, optionally, the pre-activations).
+//
+// ---------------------------------------------------------------------------------------------
+// w_gateup layout (what the caller must pass; G = 8, I % 8 == 0):
+//   w_gateup is [2I, H], row-interleaved in blocks of 8 rows:
+//     w_gateup[16*j + r]     = w_gate[8*j + r]     for r in 0..7
+//     w_gateup[16*j + 8 + r] = w_up  [8*j + r]     for r in 0..7,   j in 0..I/8-1
+//   In PyTorch:  torch.stack([w_gate.view(I//8, 8, H), w_up.view(I//8, 8, H)], 1).reshape(2*I, H)
+//   b_gateup [2I] is interleaved the same way (stack of b_gate.view(I//8, 8), b_up.view(I//8, 8)).
+//   preact_out [M, 2I] comes back in that same interleaved column order:
+//     preact[:, 16*j + r] = gate pre-activation column 8*j + r, preact[:, 16*j + 8 + r] = up's.
+//   Undo: preact.view(M, I//8, 2, 8) -> [..., 0, :] is gate, [..., 1, :] is up.
+//
+// Why G = 8: a wgmma 64xN accumulator gives each thread the column pairs (8k + 2t, 8k + 2t + 1)
+// for every 8-column chunk k (t = lane % 4), so with 8-row blocks the gate chunk k (even) and the
+// up chunk k + 1 of the same output columns sit in the same thread's registers; the epilogue
+// never exchanges data between threads.
+// ---------------------------------------------------------------------------------------------
+//
+// Requirements (checked by the host op): sm_90 device, bf16 or fp16, H % 8 == 0 and every row
+// stride a multiple of 8 elements (16 bytes, TMA), I % 8 == 0, last-dim stride 1 everywhere.
+// Any M (including M not a multiple of the tile) is fine.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+
+#include "cutlass/numeric_types.h"
+
+namespace fused_geglu_sm90 {
+
+// Host-side launch description, filled by the op in geglu_gateup_sm90.cu.
+struct GateUpArgs {
+  const void *x;         // [M, H], row stride ldx
+  const void *w;         // [2I, H] interleaved, row stride ldw
+  const void *bias;      // [2I] interleaved or nullptr
+  void *h;               // [M, I], row stride ldh
+  void *preact;          // [M, 2I] interleaved, row stride ldp, or nullptr
+  int64_t M, N2, K;      // N2 = 2I
+  int64_t ldx, ldw, ldh, ldp;
+  int approximate;       // 0 = erf, 1 = tanh
+  int device, sm_count;
+  cudaStream_t stream;
+  void *workspace;       // at least workspace_bytes(...) bytes (0 for the persistent scheduler)
+};
+
+// Tile configurations (few on purpose: each is a separate heavy instantiation).
+enum class TileCfg : int { k128x128 = 0, k128x256 = 1 };
+
+// Defined in the per-dtype TUs. Return a message on failure, nullptr on success.
+template <class Element, TileCfg Cfg>
+const char *launch_geglu_gateup(GateUpArgs const &args);
+template <class Element, TileCfg Cfg>
+size_t geglu_gateup_workspace_bytes(GateUpArgs const &args);
+
+}  // namespace fused_geglu_sm90

@@ -1,0 +1,260 @@
+// CUTLASS 3.x kernel definition for geglu_gateup_sm90 (layout spec and contract in
+// geglu_gateup_sm90.h). Included only by the per-dtype instantiation TUs, which are the slow ones.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include "cute/tensor.hpp"
+#include "cutlass/cutlass.h"
+#include "cutlass/epilogue/collective/detail.hpp"
+#include "cutlass/gemm/collective/collective_builder.hpp"
+#include "cutlass/gemm/device/gemm_universal_adapter.h"
+#include "cutlass/gemm/dispatch_policy.hpp"
+#include "cutlass/gemm/kernel/gemm_universal.hpp"
+#include "geglu_gateup_sm90.h"
+
+namespace fused_geglu_sm90 {
+
+namespace detail {
+
+template <class T> struct Vec2;
+template <> struct Vec2<cutlass::bfloat16_t> {
+  using type = __nv_bfloat162;
+  static __device__ __forceinline__ type pack(float a, float b) { return __floats2bfloat162_rn(a, b); }
+  static __device__ __forceinline__ float2 unpack(type v) { return __bfloat1622float2(v); }
+};
+template <> struct Vec2<cutlass::half_t> {
+  using type = __half2;
+  static __device__ __forceinline__ type pack(float a, float b) { return __floats2half2_rn(a, b); }
+  static __device__ __forceinline__ float2 unpack(type v) { return __half22float2(v); }
+};
+
+__device__ __forceinline__ float gelu_erf(float v) {
+  return 0.5f * v * (1.0f + erff(v * 0.70710678118654752440f));
+}
+__device__ __forceinline__ float gelu_tanh(float v) {
+  const float kBeta = 0.79788456080286535588f;  // sqrt(2/pi)
+  const float inner = kBeta * (v + 0.044715f * v * v * v);
+  return 0.5f * v * (1.0f + tanhf(inner));
+}
+
+// Epilogue collective (the "no-smem" kind: it reads the accumulators from registers and stores to
+// global memory directly); Sm90TmaWarpSpecializedAdapter turns it into a warp-specialised epilogue
+// that the cooperative kernel accepts.
+template <class Element_>
+class GegluEpilogue {
+ public:
+  using Element = Element_;
+  using ElementC = void;  // no source operand
+  using ElementD = Element;
+  using StrideC = cute::Stride<int64_t, cute::Int<1>, int64_t>;
+  using StrideD = StrideC;
+  using ThreadEpilogueOp = void;  // GemmUniversalAdapter names it; nothing uses it here
+  using V2 = Vec2<Element>;
+  using V2T = typename V2::type;
+
+  struct SharedStorage {};
+  using TensorStorage = SharedStorage;
+
+  struct Arguments {
+    Element *h = nullptr;
+    int64_t ldh = 0;
+    Element *preact = nullptr;  // may be null
+    int64_t ldp = 0;
+    Element const *bias = nullptr;  // may be null
+    int approximate = 0;
+  };
+  using Params = Arguments;
+
+  template <class ProblemShape>
+  static constexpr Params to_underlying_arguments(ProblemShape const &, Arguments const &args, void *) {
+    return args;
+  }
+  template <class ProblemShape>
+  static size_t get_workspace_size(ProblemShape const &, Arguments const &) { return 0; }
+  template <class ProblemShape>
+  static cutlass::Status initialize_workspace(ProblemShape const &, Arguments const &, void *,
+                                              cudaStream_t, cutlass::CudaHostAdapter * = nullptr) {
+    return cutlass::Status::kSuccess;
+  }
+  template <class ProblemShape>
+  static bool can_implement(ProblemShape const &problem_shape, Arguments const &args) {
+    auto N = cute::get<1>(problem_shape);
+    return args.h != nullptr && N % 16 == 0 && args.ldh % 2 == 0 && args.ldp % 2 == 0;
+  }
+
+  CUTLASS_HOST_DEVICE GegluEpilogue(Params const &params_, SharedStorage const & = SharedStorage())
+      : params(params_) {}
+
+  CUTLASS_DEVICE bool is_source_needed() { return false; }
+
+  template <class ProblemShapeMNKL, class BlockShapeMNK, class BlockCoordMNKL, class FrgEngine,
+            class FrgLayout, class TiledMma, class ResidueMNK>
+  CUTLASS_DEVICE void operator()(ProblemShapeMNKL problem_shape_mnkl, BlockShapeMNK blk_shape_MNK,
+                                 BlockCoordMNKL blk_coord_mnkl,
+                                 cute::Tensor<FrgEngine, FrgLayout> const &accumulators,
+                                 TiledMma tiled_mma, ResidueMNK, int thread_idx, char *) {
+    using namespace cute;
+    static_assert(is_static<BlockShapeMNK>::value, "tile shape must be static");
+    constexpr int BM = size<0>(BlockShapeMNK{});
+    constexpr int BN = size<1>(BlockShapeMNK{});
+    static_assert(BN % 16 == 0, "the gate/up pairing needs tile N % 16 == 0");
+
+    // The pairing relies on the wgmma accumulator layout: value mode (2, 2, N/8) with strides
+    // (n+1, m+8, n+8) (CLayout_64xN in cute/atom/mma_traits_sm90_gmma.hpp, col-major 64 x N
+    // index, so n+1 = 64, m+8 = 8, n+8 = 512).
+    using CLayout = typename TiledMma::Atom::CLayout;
+    static_assert(rank<1>(CLayout{}) == 3, "unexpected accumulator value layout");
+    static_assert(size<1, 0>(CLayout{}) == 2 && size<1, 1>(CLayout{}) == 2, "unexpected layout");
+    static_assert(stride<1, 0>(CLayout{}) == 64 && stride<1, 1>(CLayout{}) == 8 &&
+                      stride<1, 2>(CLayout{}) == 512,
+                  "unexpected accumulator value strides: gate/up pairing would be wrong");
+    static_assert(size<1, 2>(CLayout{}) % 2 == 0, "atom N must hold whole 16-column groups");
+    static_assert(rank<0>(typename cute::remove_cvref_t<decltype(accumulators)>::layout_type{}) == 3,
+                  "accumulator mode 0 must be (2, 2, N/8)");
+
+    const int M = int(get<0>(problem_shape_mnkl));
+    const int N = int(get<1>(problem_shape_mnkl));
+    const int m0 = int(get<0>(blk_coord_mnkl)) * BM;
+    const int n0 = int(get<1>(blk_coord_mnkl)) * BN;
+
+    auto thr_mma = tiled_mma.get_slice(thread_idx);
+    Tensor cD = make_identity_tensor(make_shape(Int<BM>{}, Int<BN>{}));
+    Tensor tCcD = thr_mma.partition_C(cD);  // ((2,2,N/8), MMA_M, MMA_N) -> (m, n) in the tile
+    static_assert(decltype(size(tCcD))::value == decltype(size(accumulators))::value,
+                  "coordinate / accumulator partition mismatch");
+
+    constexpr int kChunks = size<0, 2>(decltype(accumulators.layout()){});
+    constexpr int kMmaM = size<1>(decltype(accumulators.layout()){});
+    constexpr int kMmaN = size<2>(decltype(accumulators.layout()){});
+    const bool tanh_gelu = params.approximate != 0;
+    Element *__restrict__ h = params.h;
+    Element *__restrict__ preact = params.preact;
+    Element const *__restrict__ bias = params.bias;
+
+    CUTLASS_PRAGMA_UNROLL
+    for (int mi = 0; mi < kMmaM; ++mi) {
+      CUTLASS_PRAGMA_UNROLL
+      for (int ni = 0; ni < kMmaN; ++ni) {
+        CUTLASS_PRAGMA_UNROLL
+        for (int k = 0; k < kChunks; k += 2) {
+          // Gate columns (n, n+1) of chunk k, rows m and m+8; up columns n+8, n+9 of chunk k+1.
+          auto c0 = tCcD(make_coord(make_coord(0, 0, k), mi, ni));
+          const int n = n0 + int(get<1>(c0));
+          if (n >= N) continue;
+          float bg0 = 0.f, bg1 = 0.f, bu0 = 0.f, bu1 = 0.f;
+          if (bias != nullptr) {
+            const float2 bg = V2::unpack(*reinterpret_cast<V2T const *>(bias + n));
+            const float2 bu = V2::unpack(*reinterpret_cast<V2T const *>(bias + n + 8));
+            bg0 = bg.x; bg1 = bg.y; bu0 = bu.x; bu1 = bu.y;
+          }
+          // Output column of gate column n: 16-col group n/16 -> 8 output cols; n%16 in [0, 8).
+          const int j = (n >> 4) * 8 + (n & 15);
+          CUTLASS_PRAGMA_UNROLL
+          for (int r = 0; r < 2; ++r) {
+            auto cr = tCcD(make_coord(make_coord(0, r, k), mi, ni));
+            const int m = m0 + int(get<0>(cr));
+            if (m >= M) continue;
+            const float g0 = accumulators(make_coord(make_coord(0, r, k), mi, ni)) + bg0;
+            const float g1 = accumulators(make_coord(make_coord(1, r, k), mi, ni)) + bg1;
+            const float u0 = accumulators(make_coord(make_coord(0, r, k + 1), mi, ni)) + bu0;
+            const float u1 = accumulators(make_coord(make_coord(1, r, k + 1), mi, ni)) + bu1;
+            if (preact != nullptr) {
+              Element *p = preact + int64_t(m) * params.ldp + n;
+              *reinterpret_cast<V2T *>(p) = V2::pack(g0, g1);
+              *reinterpret_cast<V2T *>(p + 8) = V2::pack(u0, u1);
+            }
+            const float a0 = tanh_gelu ? gelu_tanh(g0) : gelu_erf(g0);
+            const float a1 = tanh_gelu ? gelu_tanh(g1) : gelu_erf(g1);
+            *reinterpret_cast<V2T *>(h + int64_t(m) * params.ldh + j) = V2::pack(a0 * u0, a1 * u1);
+          }
+        }
+      }
+    }
+  }
+
+ private:
+  Params params;
+};
+
+// The kernel for one (dtype, tile) configuration.
+template <class Element, TileCfg Cfg>
+struct GateUpKernel {
+  using ElementAcc = float;
+  using LayoutA = cutlass::layout::RowMajor;     // x [M, K], K-major
+  using LayoutB = cutlass::layout::ColumnMajor;  // w [N, K] row-major == (K x N) column-major
+  static constexpr int kAlign = 16 / sizeof(Element);
+  using TileShape = cute::conditional_t<Cfg == TileCfg::k128x256,
+                                        cute::Shape<cute::_128, cute::_256, cute::_64>,
+                                        cute::Shape<cute::_128, cute::_128, cute::_64>>;
+  using ClusterShape = cute::conditional_t<Cfg == TileCfg::k128x256,
+                                           cute::Shape<cute::_2, cute::_1, cute::_1>,
+                                           cute::Shape<cute::_1, cute::_1, cute::_1>>;
+  using Epi = GegluEpilogue<Element>;
+  using CollectiveEpilogue = cutlass::epilogue::collective::detail::Sm90TmaWarpSpecializedAdapter<Epi>;
+  using CollectiveMainloop = typename cutlass::gemm::collective::CollectiveBuilder<
+      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, Element, LayoutA, kAlign, Element,
+      LayoutB, kAlign, ElementAcc, TileShape, ClusterShape,
+      cutlass::gemm::collective::StageCountAutoCarveout<
+          static_cast<int>(sizeof(typename CollectiveEpilogue::SharedStorage) +
+                           sizeof(typename CollectiveEpilogue::PipelineStorage))>,
+      cutlass::gemm::KernelTmaWarpSpecializedCooperative>::CollectiveOp;
+  using Kernel = cutlass::gemm::kernel::GemmUniversal<cute::Shape<int, int, int, int>,
+                                                      CollectiveMainloop, CollectiveEpilogue>;
+  using Gemm = cutlass::gemm::device::GemmUniversalAdapter<Kernel>;
+
+  static typename Gemm::Arguments make_args(GateUpArgs const &a) {
+    using StrideA = typename Kernel::StrideA;
+    using StrideB = typename Kernel::StrideB;
+    StrideA sa{};
+    cute::get<0>(sa) = a.ldx;  // (M, K, L) strides: (ldx, 1, 0)
+    StrideB sb{};
+    cute::get<0>(sb) = a.ldw;  // (N, K, L) strides: (ldw, 1, 0)
+    typename Epi::Arguments epi;
+    epi.h = static_cast<Element *>(a.h);
+    epi.ldh = a.ldh;
+    epi.preact = static_cast<Element *>(a.preact);
+    epi.ldp = a.ldp;
+    epi.bias = static_cast<Element const *>(a.bias);
+    epi.approximate = a.approximate;
+    cutlass::KernelHardwareInfo hw;
+    hw.device_id = a.device;
+    hw.sm_count = a.sm_count;
+    typename Gemm::Arguments args{
+        cutlass::gemm::GemmUniversalMode::kGemm,
+        {int(a.M), int(a.N2), int(a.K), 1},
+        {static_cast<Element const *>(a.x), sa, static_cast<Element const *>(a.w), sb},
+        epi,
+        hw};
+    return args;
+  }
+
+  static size_t workspace_bytes(GateUpArgs const &a) { return Gemm::get_workspace_size(make_args(a)); }
+
+  static const char *launch(GateUpArgs const &a) {
+    auto args = make_args(a);
+    Gemm gemm;
+    if (gemm.can_implement(args) != cutlass::Status::kSuccess) return "can_implement rejected the problem";
+    if (gemm.initialize(args, a.workspace, a.stream) != cutlass::Status::kSuccess) return "initialize failed";
+    if (gemm.run(a.stream) != cutlass::Status::kSuccess) return "kernel launch failed";
+    return nullptr;
+  }
+};
+
+}  // namespace detail
+
+template <class Element, TileCfg Cfg>
+const char *launch_geglu_gateup(GateUpArgs const &a) {
+  return detail::GateUpKernel<Element, Cfg>::launch(a);
+}
+template <class Element, TileCfg Cfg>
+size_t geglu_gateup_workspace_bytes(GateUpArgs const &a) {
+  return detail::GateUpKernel<Element, Cfg>::workspace_bytes(a);
+}
+
+#define FUSED_GEGLU_SM90_INSTANTIATE(ELEM, CFG)                                      \
+  template const char *launch_geglu_gateup<ELEM, CFG>(GateUpArgs const &);           \
+  template size_t geglu_gateup_workspace_bytes<ELEM, CFG>(GateUpArgs const &);
+
+}  // namespace fused_geglu_sm90

@@ -1,0 +1,359 @@
+// Bias / GELU epilogue GEMMs through cuBLASLt, and the weight gradient with the bias gradient
+// reduced in the same call (BGRADB).
+//
+//   linear_lt:            out[M,N] = act(x[M,K] @ weight[N,K]^T + bias[N])
+//                         activation 0: none (epilogue BIAS, or DEFAULT without bias)
+//                         activation 1: tanh-GELU (GELU_BIAS / GELU, or GELU_AUX_BIAS / GELU_AUX
+//                                       when preact_out[M,N] receives x @ weight^T + bias)
+//   linear_lt_bwd_weight: dw[N,K] = grad_y[M,N]^T @ x[M,K];  db[N] = sum_m grad_y[m,:] (BGRADB)
+//
+// cuBLASLt is column-major, so every row-major [R,C] tensor with row stride ld is passed as a
+// column-major C x R matrix with leading dimension ld:
+//   forward: D(N x M) = op_T(W: K x N, ld w.stride(0)) * op_N(X: K x M, ld x.stride(0)); the bias
+//            has one value per row of D (= per output feature), as cuBLASLt wants.
+//   wgrad:   D(K x N) = op_N(X: K x M) * op_T(GY: N x M); BGRADB reduces op(B) = M x N over the
+//            GEMM's k (= M) dimension, giving one value per column of D (= per output feature).
+//
+// Host side: descriptors, layouts and the heuristic's algorithm are cached per
+// (device, dtypes, shape, leading dims, pointer alignments, epilogue, tf32); the per-call pointers
+// (bias, aux) are set on the cached descriptor under a mutex. The workspace is a 32 MiB torch
+// tensor per (device, stream), so it comes from the caching allocator; nothing here synchronises,
+// so the ops can be captured in a CUDA graph (allocate the workspace outside capture first, i.e.
+// run once eagerly on that stream, if the graph's private pool must not own it).
+#include <ATen/cuda/CUDAContext.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <cublasLt.h>
+#include <ATen/ATen.h>
+
+#include <cstdint>
+#include <cstring>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <sstream>
+#include <tuple>
+#include <vector>
+
+namespace {
+
+constexpr size_t kWorkspaceBytes = size_t(32) << 20;
+
+#define FG_LT_CHECK(expr, what)                                                                   \
+  do {                                                                                            \
+    cublasStatus_t _st = (expr);                                                                  \
+    TORCH_CHECK(_st == CUBLAS_STATUS_SUCCESS, "fused_geglu cuBLASLt: ", #expr, " failed with ",   \
+                cublasGetStatusName(_st), " (", int(_st), ") in ", what);                          \
+  } while (0)
+
+cudaDataType_t to_cuda_dtype(at::ScalarType t) {
+  switch (t) {
+    case at::kHalf: return CUDA_R_16F;
+    case at::kBFloat16: return CUDA_R_16BF;
+    case at::kFloat: return CUDA_R_32F;
+    default: TORCH_CHECK(false, "fused_geglu cuBLASLt: unsupported dtype ", t);
+  }
+  return CUDA_R_32F;
+}
+
+// Largest power of two (<= 256) dividing the address: what the heuristic may assume.
+uint32_t ptr_alignment(const void *p) {
+  uintptr_t a = reinterpret_cast<uintptr_t>(p);
+  uint32_t al = 1;
+  while (al < 256 && (a % (al * 2)) == 0) al *= 2;
+  return a == 0 ? 256 : al;
+}
+
+void check_rowmajor_2d(const at::Tensor &t, const char *name) {
+  TORCH_CHECK(t.dim() == 2, "fused_geglu cuBLASLt: ", name, " must be 2-D, got ", t.sizes());
+  TORCH_CHECK(t.is_cuda(), "fused_geglu cuBLASLt: ", name, " must be a CUDA tensor");
+  TORCH_CHECK(t.stride(1) == 1 || t.size(1) == 1, "fused_geglu cuBLASLt: ", name,
+              " needs a contiguous last dimension, got strides ", t.strides());
+  TORCH_CHECK(t.stride(0) >= std::max<int64_t>(1, t.size(1)), "fused_geglu cuBLASLt: ", name,
+              " row stride ", t.stride(0), " must be >= its row length ", t.size(1));
+}
+
+// Per-(device, stream) workspace from the caching allocator.
+void *workspace_for(int device, cudaStream_t stream) {
+  static std::mutex mu;
+  static std::map<std::pair<int, cudaStream_t>, at::Tensor> ws;
+  std::lock_guard<std::mutex> lock(mu);
+  auto key = std::make_pair(device, stream);
+  auto it = ws.find(key);
+  if (it == ws.end()) {
+    auto t = at::empty({int64_t(kWorkspaceBytes)},
+                       at::TensorOptions().dtype(at::kByte).device(at::kCUDA, device));
+    it = ws.emplace(key, std::move(t)).first;
+  }
+  return it->second.data_ptr();
+}
+
+struct PlanKey {
+  int device;
+  int a_type, d_type, bias_type;
+  int64_t m, n, k, lda, ldb, ldd, ldaux;
+  int transa, transb;
+  int epilogue;
+  int tf32;
+  uint32_t al_a, al_b, al_d, al_bias, al_aux;
+  auto tie() const {
+    return std::make_tuple(device, a_type, d_type, bias_type, m, n, k, lda, ldb, ldd, ldaux,
+                           transa, transb, epilogue, tf32,
+                           std::make_tuple(al_a, al_b, al_d, al_bias, al_aux));
+  }
+  bool operator<(const PlanKey &o) const { return tie() < o.tie(); }
+};
+
+struct Plan {
+  cublasLtMatmulDesc_t desc = nullptr;
+  cublasLtMatrixLayout_t la = nullptr, lb = nullptr, ld = nullptr;
+  cublasLtMatmulAlgo_t algo;
+  ~Plan() {
+    if (la) cublasLtMatrixLayoutDestroy(la);
+    if (lb) cublasLtMatrixLayoutDestroy(lb);
+    if (ld) cublasLtMatrixLayoutDestroy(ld);
+    if (desc) cublasLtMatmulDescDestroy(desc);
+  }
+};
+
+std::mutex g_plan_mu;  // guards the cache and the per-call pointer attributes of a cached desc
+std::map<PlanKey, std::unique_ptr<Plan>> g_plans;
+
+// Builds (or finds) the plan. Called with g_plan_mu held.
+Plan &get_plan(const PlanKey &key, cublasLtHandle_t handle, const std::string &what) {
+  auto it = g_plans.find(key);
+  if (it != g_plans.end()) return *it->second;
+  if (g_plans.size() > 4096) g_plans.clear();  // bound the cache; plans are cheap to rebuild
+
+  auto plan = std::make_unique<Plan>();
+  const auto a_type = cudaDataType_t(key.a_type), d_type = cudaDataType_t(key.d_type);
+  cublasComputeType_t compute = CUBLAS_COMPUTE_32F;
+  if (a_type == CUDA_R_32F && key.tf32) compute = CUBLAS_COMPUTE_32F_FAST_TF32;
+  FG_LT_CHECK(cublasLtMatmulDescCreate(&plan->desc, compute, CUDA_R_32F), what);
+  cublasOperation_t ta = cublasOperation_t(key.transa), tb = cublasOperation_t(key.transb);
+  FG_LT_CHECK(cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_TRANSA, &ta,
+                                             sizeof(ta)), what);
+  FG_LT_CHECK(cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_TRANSB, &tb,
+                                             sizeof(tb)), what);
+  cublasLtEpilogue_t epi = cublasLtEpilogue_t(key.epilogue);
+  FG_LT_CHECK(cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi,
+                                             sizeof(epi)), what);
+  if (key.bias_type >= 0) {
+    cudaDataType_t bt = cudaDataType_t(key.bias_type);
+    FG_LT_CHECK(cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE,
+                                               &bt, sizeof(bt)), what);
+  }
+  if (key.ldaux > 0) {
+    int64_t ldaux = key.ldaux;
+    FG_LT_CHECK(cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD,
+                                               &ldaux, sizeof(ldaux)), what);
+    cudaDataType_t aux_t = d_type;
+    FG_LT_CHECK(cublasLtMatmulDescSetAttribute(
+                    plan->desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_DATA_TYPE, &aux_t, sizeof(aux_t)),
+                what);
+  }
+  // Layout dims are those of the stored matrix (before op()).
+  const uint64_t a_rows = key.transa == CUBLAS_OP_N ? key.m : key.k;
+  const uint64_t a_cols = key.transa == CUBLAS_OP_N ? key.k : key.m;
+  const uint64_t b_rows = key.transb == CUBLAS_OP_N ? key.k : key.n;
+  const uint64_t b_cols = key.transb == CUBLAS_OP_N ? key.n : key.k;
+  FG_LT_CHECK(cublasLtMatrixLayoutCreate(&plan->la, a_type, a_rows, a_cols, key.lda), what);
+  FG_LT_CHECK(cublasLtMatrixLayoutCreate(&plan->lb, a_type, b_rows, b_cols, key.ldb), what);
+  FG_LT_CHECK(cublasLtMatrixLayoutCreate(&plan->ld, d_type, key.m, key.n, key.ldd), what);
+
+  cublasLtMatmulPreference_t pref = nullptr;
+  FG_LT_CHECK(cublasLtMatmulPreferenceCreate(&pref), what);
+  std::unique_ptr<std::remove_pointer_t<cublasLtMatmulPreference_t>,
+                  decltype(&cublasLtMatmulPreferenceDestroy)>
+      pref_guard(pref, &cublasLtMatmulPreferenceDestroy);
+  uint64_t ws = kWorkspaceBytes;
+  FG_LT_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                                                   &ws, sizeof(ws)), what);
+  const std::pair<cublasLtMatmulPreferenceAttributes_t, uint32_t> aligns[] = {
+      {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, key.al_a},
+      {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, key.al_b},
+      {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, key.al_d},
+      {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, key.al_d}};
+  for (auto &[attr, v] : aligns) {
+    FG_LT_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, attr, &v, sizeof(v)), what);
+  }
+  cublasLtMatmulHeuristicResult_t result;
+  std::memset(&result, 0, sizeof(result));
+  int found = 0;
+  FG_LT_CHECK(cublasLtMatmulAlgoGetHeuristic(handle, plan->desc, plan->la, plan->lb, plan->ld,
+                                             plan->ld, pref, 1, &result, &found), what);
+  TORCH_CHECK(found > 0, "fused_geglu cuBLASLt: no algorithm found for ", what);
+  plan->algo = result.algo;
+  return *g_plans.emplace(key, std::move(plan)).first->second;
+}
+
+// One cuBLASLt matmul D = op(A) op(B) (+ epilogue). Pointers of bias / aux may be null.
+void lt_matmul(PlanKey key, const void *A, const void *B, void *D, const void *bias, void *aux,
+               const std::string &what) {
+  key.al_a = ptr_alignment(A);
+  key.al_b = ptr_alignment(B);
+  key.al_d = ptr_alignment(D);
+  key.al_bias = bias ? ptr_alignment(bias) : 0;
+  key.al_aux = aux ? ptr_alignment(aux) : 0;
+  cublasLtHandle_t handle = at::cuda::getCurrentCUDABlasLtHandle();
+  cudaStream_t stream = at::cuda::getCurrentCUDAStream();
+  void *ws = workspace_for(key.device, stream);
+  const float alpha = 1.0f, beta = 0.0f;
+
+  std::lock_guard<std::mutex> lock(g_plan_mu);
+  Plan &plan = get_plan(key, handle, what);
+  if (bias) {
+    FG_LT_CHECK(cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER,
+                                               &bias, sizeof(bias)), what);
+  }
+  if (aux) {
+    FG_LT_CHECK(cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER,
+                                               &aux, sizeof(aux)), what);
+  }
+  FG_LT_CHECK(cublasLtMatmul(handle, plan.desc, &alpha, A, plan.la, B, plan.lb, &beta, D, plan.ld,
+                             D, plan.ld, &plan.algo, ws, kWorkspaceBytes, stream), what);
+}
+
+std::string shapes_str(const char *op, std::initializer_list<std::pair<const char *, at::Tensor>> ts) {
+  std::ostringstream os;
+  os << op << "(";
+  bool first = true;
+  for (auto &[name, t] : ts) {
+    if (!first) os << ", ";
+    first = false;
+    os << name << "=";
+    if (t.defined()) os << t.scalar_type() << t.sizes() << " strides " << t.strides();
+    else os << "None";
+  }
+  os << ")";
+  return os.str();
+}
+
+}  // namespace
+
+void linear_lt(at::Tensor &out, at::Tensor const &x, at::Tensor const &weight,
+               std::optional<at::Tensor> const &bias, int64_t activation,
+               std::optional<at::Tensor> const &preact_out) {
+  check_rowmajor_2d(x, "x");
+  check_rowmajor_2d(weight, "weight");
+  TORCH_CHECK(out.dim() == 2 && out.is_contiguous(), "linear_lt: out must be a contiguous 2-D tensor, got ",
+              out.sizes(), " strides ", out.strides());
+  const int64_t M = x.size(0), K = x.size(1), N = weight.size(0);
+  TORCH_CHECK(weight.size(1) == K, "linear_lt: weight must be [N, K=", K, "], got ", weight.sizes());
+  TORCH_CHECK(out.size(0) == M && out.size(1) == N, "linear_lt: out must be [", M, ", ", N,
+              "], got ", out.sizes());
+  TORCH_CHECK(x.scalar_type() == weight.scalar_type() && out.scalar_type() == x.scalar_type(),
+              "linear_lt: x, weight and out must share a dtype, got ", x.scalar_type(), ", ",
+              weight.scalar_type(), ", ", out.scalar_type());
+  TORCH_CHECK(activation == 0 || activation == 1, "linear_lt: activation must be 0 (none) or 1 "
+              "(tanh GELU), got ", activation);
+  TORCH_CHECK(x.device() == weight.device() && out.device() == x.device(),
+              "linear_lt: tensors on different devices");
+  const bool has_bias = bias.has_value() && bias->defined();
+  const bool has_aux = preact_out.has_value() && preact_out->defined();
+  if (has_bias) {
+    TORCH_CHECK(bias->dim() == 1 && bias->size(0) == N && bias->is_contiguous(),
+                "linear_lt: bias must be contiguous [", N, "], got ", bias->sizes());
+    TORCH_CHECK(bias->scalar_type() == out.scalar_type(), "linear_lt: bias dtype ",
+                bias->scalar_type(), " != out dtype ", out.scalar_type());
+  }
+  if (has_aux) {
+    TORCH_CHECK(activation == 1, "linear_lt: preact_out is only written with activation=1 (GELU)");
+    TORCH_CHECK(preact_out->sizes() == out.sizes() && preact_out->is_contiguous() &&
+                    preact_out->scalar_type() == out.scalar_type(),
+                "linear_lt: preact_out must be contiguous ", out.sizes(), " ", out.scalar_type(),
+                ", got ", preact_out->sizes(), " ", preact_out->scalar_type());
+    TORCH_CHECK(N % 8 == 0, "linear_lt: preact_out needs N % 8 == 0 (cuBLASLt aux ld), got N=", N);
+    TORCH_CHECK(reinterpret_cast<uintptr_t>(preact_out->data_ptr()) % 16 == 0,
+                "linear_lt: preact_out data pointer must be 16-byte aligned");
+  }
+  if (M == 0 || N == 0) return;
+  const c10::cuda::CUDAGuard guard(x.device());
+  if (K == 0) {  // empty reduction: cuBLASLt rejects k = 0
+    at::Tensor pre = has_bias ? bias->unsqueeze(0).expand({M, N}) : at::zeros_like(out);
+    if (has_aux) preact_out->copy_(pre);
+    out.copy_(activation == 1 ? at::gelu(pre, "tanh") : pre);
+    return;
+  }
+
+  cublasLtEpilogue_t epi;
+  if (activation == 0) epi = has_bias ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_DEFAULT;
+  else if (has_aux) epi = has_bias ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS : CUBLASLT_EPILOGUE_GELU_AUX;
+  else epi = has_bias ? CUBLASLT_EPILOGUE_GELU_BIAS : CUBLASLT_EPILOGUE_GELU;
+
+  PlanKey key{};
+  key.device = x.get_device();
+  key.a_type = to_cuda_dtype(x.scalar_type());
+  key.d_type = to_cuda_dtype(out.scalar_type());
+  key.bias_type = has_bias ? to_cuda_dtype(bias->scalar_type()) : -1;
+  key.m = N;
+  key.n = M;
+  key.k = K;
+  key.lda = std::max<int64_t>(weight.stride(0), K);
+  key.ldb = std::max<int64_t>(x.stride(0), K);
+  key.ldd = N;
+  key.ldaux = has_aux ? N : 0;
+  key.transa = CUBLAS_OP_T;
+  key.transb = CUBLAS_OP_N;
+  key.epilogue = epi;
+  key.tf32 = x.scalar_type() == at::kFloat && at::globalContext().allowTF32CuBLAS();
+  lt_matmul(key, weight.data_ptr(), x.data_ptr(), out.data_ptr(),
+            has_bias ? bias->data_ptr() : nullptr, has_aux ? preact_out->data_ptr() : nullptr,
+            shapes_str("linear_lt", {{"out", out}, {"x", x}, {"weight", weight},
+                                     {"bias", has_bias ? *bias : at::Tensor()},
+                                     {"preact_out", has_aux ? *preact_out : at::Tensor()}}) +
+                " epilogue " + std::to_string(int(epi)));
+}
+
+void linear_lt_bwd_weight(at::Tensor &dw, std::optional<at::Tensor> const &db,
+                          at::Tensor const &grad_y, at::Tensor const &x) {
+  check_rowmajor_2d(x, "x");
+  check_rowmajor_2d(grad_y, "grad_y");
+  const int64_t M = x.size(0), K = x.size(1), N = grad_y.size(1);
+  TORCH_CHECK(grad_y.size(0) == M, "linear_lt_bwd_weight: grad_y must be [M=", M, ", N], got ",
+              grad_y.sizes());
+  TORCH_CHECK(dw.dim() == 2 && dw.is_contiguous() && dw.size(0) == N && dw.size(1) == K,
+              "linear_lt_bwd_weight: dw must be contiguous [", N, ", ", K, "], got ", dw.sizes(),
+              " strides ", dw.strides());
+  TORCH_CHECK(x.scalar_type() == grad_y.scalar_type(), "linear_lt_bwd_weight: x dtype ",
+              x.scalar_type(), " != grad_y dtype ", grad_y.scalar_type());
+  TORCH_CHECK(dw.scalar_type() == x.scalar_type() || dw.scalar_type() == at::kFloat,
+              "linear_lt_bwd_weight: dw dtype must be x's dtype or float32, got ", dw.scalar_type());
+  const bool has_db = db.has_value() && db->defined();
+  if (has_db) {
+    TORCH_CHECK(db->dim() == 1 && db->size(0) == N && db->is_contiguous() &&
+                    db->scalar_type() == dw.scalar_type(),
+                "linear_lt_bwd_weight: db must be contiguous [", N, "] of dw's dtype ",
+                dw.scalar_type(), ", got ", db->sizes(), " ", db->scalar_type());
+  }
+  if (N == 0 || K == 0) {
+    if (has_db) db->zero_();
+    return;
+  }
+  const c10::cuda::CUDAGuard guard(x.device());
+  if (M == 0) {
+    dw.zero_();
+    if (has_db) db->zero_();
+    return;
+  }
+  PlanKey key{};
+  key.device = x.get_device();
+  key.a_type = to_cuda_dtype(x.scalar_type());
+  key.d_type = to_cuda_dtype(dw.scalar_type());
+  key.bias_type = has_db ? to_cuda_dtype(db->scalar_type()) : -1;
+  key.m = K;
+  key.n = N;
+  key.k = M;
+  key.lda = std::max<int64_t>(x.stride(0), K);
+  key.ldb = std::max<int64_t>(grad_y.stride(0), N);
+  key.ldd = K;
+  key.ldaux = 0;
+  key.transa = CUBLAS_OP_N;
+  key.transb = CUBLAS_OP_T;
+  key.epilogue = has_db ? CUBLASLT_EPILOGUE_BGRADB : CUBLASLT_EPILOGUE_DEFAULT;
+  key.tf32 = x.scalar_type() == at::kFloat && at::globalContext().allowTF32CuBLAS();
+  lt_matmul(key, x.data_ptr(), grad_y.data_ptr(), dw.data_ptr(),
+            has_db ? db->data_ptr() : nullptr, nullptr,
+            shapes_str("linear_lt_bwd_weight", {{"dw", dw},
+                                                {"db", has_db ? *db : at::Tensor()},
+                                                {"grad_y", grad_y}, {"x", x}}));
+}
