@@ -1,0 +1,270 @@
+"""The Hub card: ``CARD.md`` (a Jinja template at the repository root) rendered as ``README.md``.
+
+Everything the card states is read from what is published, without importing the kernel:
+
+- ``functions``: the variant's ``__init__.py`` ``__all__`` (read with ``ast``), minus ``layers``;
+- ``layers``: the ``nn.Module`` subclasses defined in the variant's ``layers.py`` (or the
+  ``layers/`` package), also read with ``ast``;
+- ``version``, ``repo_id``, ``license``, ``upstream``, ``source``: ``build.toml``;
+- ``variants``: the ``build/<variant>`` folders with their backend;
+- ``benchmark``: the newest ``benchmarks/results/*.json``, when its shape is one this module
+  understands (see :func:`load_benchmark_table`); otherwise the card says none is published.
+
+The variable names of kernel-builder's ``fill-card`` (``repo_id``, ``version``, ``functions``,
+``layers``, ``has_benchmark``, ``upstream``, ``source``, ``license``) mean the same here, so a
+card template written for one renders with the other as far as those variables go.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+
+from .verify import find_variants, read_metadata
+
+CARD_TEMPLATE = "CARD.md"
+
+
+class CardError(ValueError):
+    """The card cannot be rendered truthfully (unreadable ``__all__``, variants disagree, ...)."""
+
+
+# --- the public API, read statically -------------------------------------------------------------
+
+
+def read_all(init_py: Path) -> list[str]:
+    """The names of ``__all__`` in ``init_py``, in order, without importing it.
+
+    Accepts ``__all__ = [...]`` / ``(...)`` (also annotated) and ``__all__ += [...]`` with string
+    literals only; anything computed raises :class:`CardError`, since the card (and the version
+    check of ``publish``) must not guess the API.
+    """
+    tree = ast.parse(Path(init_py).read_text(), filename=str(init_py))
+    names: list[str] | None = None
+    for node in tree.body:
+        if isinstance(node, (ast.Assign, ast.AnnAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            if any(isinstance(t, ast.Name) and t.id == "__all__" for t in targets):
+                names = _literal_names(node.value, init_py)
+        elif isinstance(node, ast.AugAssign) and isinstance(node.target, ast.Name) and node.target.id == "__all__":
+            if names is None:
+                raise CardError(f"{init_py}: `__all__ +=` before `__all__ =`")
+            names += _literal_names(node.value, init_py)
+    if names is None:
+        raise CardError(f"{init_py} defines no __all__ (the kernel's public API)")
+    return names
+
+
+def _literal_names(value: ast.expr | None, where: Path) -> list[str]:
+    if isinstance(value, (ast.List, ast.Tuple)) and all(
+        isinstance(e, ast.Constant) and isinstance(e.value, str) for e in value.elts
+    ):
+        return [e.value for e in value.elts]
+    raise CardError(f"{where}: __all__ must be a literal list of strings to be read without importing the kernel")
+
+
+def read_layers(variant_dir: Path) -> list[str]:
+    """Names of the public ``nn.Module`` subclasses the variant's ``layers`` module defines.
+
+    A class counts when a base is ``nn.Module`` / ``torch.nn.Module`` / ``Module`` or another
+    counted class of the same module (so ``class GeGLUMLPTanh(GeGLUMLP)`` counts). For a
+    ``layers/`` package, names ``__init__.py`` imports from its submodules are followed one level.
+    """
+    variant_dir = Path(variant_dir)
+    if (variant_dir / "layers.py").is_file():
+        return _module_layers(variant_dir / "layers.py")
+    package = variant_dir / "layers" / "__init__.py"
+    if not package.is_file():
+        return []
+    found = _module_layers(package)
+    tree = ast.parse(package.read_text(), filename=str(package))
+    for node in tree.body:
+        if isinstance(node, ast.ImportFrom) and node.level == 1 and node.module:
+            sub = package.parent / (node.module.replace(".", "/") + ".py")
+            if sub.is_file():
+                sub_layers = set(_module_layers(sub))
+                found += [a.asname or a.name for a in node.names if a.name in sub_layers]
+    return sorted(set(found), key=found.index)
+
+
+def _module_layers(path: Path) -> list[str]:
+    tree = ast.parse(path.read_text(), filename=str(path))
+    layers: list[str] = []
+    for node in tree.body:
+        if not isinstance(node, ast.ClassDef) or node.name.startswith("_"):
+            continue
+        if any(_is_module_base(b) or (isinstance(b, ast.Name) and b.id in layers) for b in node.bases):
+            layers.append(node.name)
+    return layers
+
+
+def _is_module_base(base: ast.expr) -> bool:
+    return ast.unparse(base) in {"nn.Module", "torch.nn.Module", "Module"}
+
+
+def variant_api(variant_dir: Path) -> list[str]:
+    init_py = Path(variant_dir) / "__init__.py"
+    if not init_py.is_file():
+        raise CardError(f"{variant_dir} has no __init__.py")
+    return read_all(init_py)
+
+
+def tree_api(build_dir: Path) -> dict[str, list[str]]:
+    """``{variant: __all__}`` for every variant under ``build_dir``."""
+    return {v.name: variant_api(v) for v in find_variants(build_dir)}
+
+
+# --- benchmarks ----------------------------------------------------------------------------------
+
+
+@dataclass
+class BenchmarkTable:
+    source: str  # file name under benchmarks/results/
+    columns: list[str]
+    rows: list[list[str]]
+    notes: list[str]  # "key: value" lines from top-level scalar fields (GPU, versions, date)
+
+
+def load_benchmark_table(results_dir: Path, max_rows: int = 40) -> BenchmarkTable | None:
+    """A table from the newest ``*.json`` under ``results_dir``, or ``None``.
+
+    Tolerant on purpose (the results schema is owned elsewhere): the file may be a list of row
+    objects, or an object whose ``rows`` / ``results`` / ``benchmarks`` / ``data`` field is such a
+    list; top-level scalar fields become notes. Columns are the union of the rows' scalar keys.
+    Anything else (or no file) gives ``None`` and the card says no results are published.
+    """
+    files = sorted(Path(results_dir).glob("*.json"), key=lambda p: (p.stat().st_mtime, p.name))
+    if not files:
+        return None
+    newest = files[-1]
+    try:
+        data = json.loads(newest.read_text())
+    except (OSError, json.JSONDecodeError):
+        return None
+    notes: list[str] = []
+    rows = data
+    if isinstance(data, dict):
+        notes = [f"{k}: {v}" for k, v in data.items() if _is_scalar(v) and v is not None]
+        rows = next((data[k] for k in ("rows", "results", "benchmarks", "data") if isinstance(data.get(k), list)), None)
+    if not isinstance(rows, list) or not rows or not all(isinstance(r, dict) for r in rows):
+        return None
+    columns: list[str] = []
+    for r in rows:
+        columns += [k for k, v in r.items() if _is_scalar(v) and k not in columns]
+    if not columns:
+        return None
+    cells = [[_cell(r.get(c)) for c in columns] for r in rows[:max_rows]]
+    if len(rows) > max_rows:
+        notes.append(f"first {max_rows} of {len(rows)} rows shown")
+    return BenchmarkTable(source=newest.name, columns=columns, rows=cells, notes=notes)
+
+
+def _is_scalar(v) -> bool:
+    return v is None or isinstance(v, (str, int, float, bool))
+
+
+def _cell(v) -> str:
+    if v is None:
+        return ""
+    if isinstance(v, float):
+        return f"{v:.4g}"
+    return str(v).replace("|", "\\|").replace("\n", " ")
+
+
+# --- rendering -----------------------------------------------------------------------------------
+
+
+def card_context(repo_root: Path, build_dir: Path, *, repo_id: str | None = None) -> dict:
+    """The variables ``CARD.md`` is rendered with, for the variants under ``build_dir``."""
+    repo_root = Path(repo_root)
+    general = tomllib.loads((repo_root / "build.toml").read_text())["general"]
+    variants = find_variants(build_dir)
+    if not variants:
+        raise CardError(f"no build variant under {build_dir}")
+    apis = {v.name: variant_api(v) for v in variants}
+    first = next(iter(apis.values()))
+    differing = [name for name, api in apis.items() if api != first]
+    if differing:
+        raise CardError(f"variants disagree on __all__: {', '.join(differing)} differ from {variants[0].name}")
+    layer_sets = {v.name: read_layers(v) for v in variants}
+    layers = next(iter(layer_sets.values()))
+    if any(ls != layers for ls in layer_sets.values()):
+        raise CardError(f"variants disagree on their layers: {layer_sets}")
+
+    variant_rows = []
+    for v in variants:
+        backend = read_metadata(v).get("backend", {})
+        archs = ", ".join(backend.get("archs") or [])
+        variant_rows.append({"name": v.name, "backend": backend.get("type", "?"), "archs": archs})
+
+    benchmarks = repo_root / "benchmarks"
+    return {
+        "repo_id": repo_id or general.get("hub", {}).get("repo-id") or f"org/{general['name']}",
+        "name": general["name"],
+        "version": general["version"],
+        "license": general.get("license", "").lower(),
+        "upstream": general.get("upstream"),
+        "source": general.get("source"),
+        "functions": [n for n in first if n != "layers"],
+        "layers": layers,
+        "variants": variant_rows,
+        "has_benchmark": any(benchmarks.glob("benchmark*.py")),
+        "benchmark": load_benchmark_table(benchmarks / "results"),
+    }
+
+
+def render_card(template_text: str, context: dict) -> str:
+    """Render ``template_text`` with Jinja (undefined variables are errors, not blanks)."""
+    import jinja2
+
+    env = jinja2.Environment(undefined=jinja2.StrictUndefined, keep_trailing_newline=True, autoescape=False)
+    try:
+        return env.from_string(template_text).render(**context)
+    except jinja2.TemplateError as e:
+        raise CardError(f"{CARD_TEMPLATE}: {e}") from e
+
+
+def render_repo_card(repo_root: Path, build_dir: Path, *, repo_id: str | None = None) -> str:
+    repo_root = Path(repo_root)
+    return render_card((repo_root / CARD_TEMPLATE).read_text(), card_context(repo_root, build_dir, repo_id=repo_id))
+
+
+def main(argv: list[str]) -> int:
+    """`fused-geglu card`: print (or write) the rendered card, for previewing what publish uploads."""
+    import argparse
+    import sys
+
+    parser = argparse.ArgumentParser(
+        prog="fused-geglu card",
+        description="Render CARD.md for the variants under BUILD_DIR (what `publish` uploads as README.md).",
+        epilog="exit codes: 0 rendered; 1 the card cannot be rendered truthfully (e.g. variants disagree on __all__)",
+    )
+    parser.add_argument("--repo-root", type=Path, default=None,
+                        help="folder with build.toml and CARD.md (default: $FUSED_GEGLU_ROOT, else found from the cwd)")
+    parser.add_argument("--build-dir", type=Path, default=None, help="default: REPO_ROOT/build")
+    parser.add_argument("--repo-id", default=None, help="default: build.toml [general.hub] repo-id")
+    parser.add_argument("-o", "--output", type=Path, default=None, help="write here instead of stdout")
+    args = parser.parse_args(argv)
+    if args.repo_root is None:
+        from .cli import repo_root
+
+        args.repo_root = repo_root()
+    try:
+        text = render_repo_card(args.repo_root, args.build_dir or args.repo_root / "build", repo_id=args.repo_id)
+    except (CardError, OSError, KeyError) as e:
+        print(f"fused-geglu card: {e}", file=sys.stderr)
+        return 1
+    if args.output:
+        args.output.write_text(text)
+    else:
+        sys.stdout.write(text)
+    return 0
+
+
+if __name__ == "__main__":
+    import sys
+
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,303 @@
+"""`fused-geglu publish` and the card. No network: the dry run, and the real upload path against a
+stand-in HfApi that records what would be sent."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from fused_geglu_tools import card, digest, publish, verify
+
+CLEAN = {"commit": "0123456789abcdef0123456789abcdef01234567", "dirty": False}
+
+
+def copy_build(build_dir: Path, dst: Path, *, dirty: bool = False) -> Path:
+    shutil.copytree(build_dir, dst, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+    for variant in verify.find_variants(dst):
+        meta = json.loads((variant / "metadata.json").read_text())
+        meta.setdefault("provenance", {})["kernel"] = {**CLEAN, "dirty": dirty}
+        (variant / "metadata.json").write_text(json.dumps(meta, indent=2))
+    return dst
+
+
+def set_all(build: Path, names: list[str]) -> None:
+    """Give every variant a different ``__all__`` (appended, so it wins) and re-hash it."""
+    for variant in verify.find_variants(build):
+        init = variant / "__init__.py"
+        init.write_text(init.read_text() + f"\n__all__ = {names!r}\n")
+        meta = json.loads((variant / "metadata.json").read_text())
+        meta["digest"] = {"algorithm": digest.ALGORITHM, "files": digest.hash_variant(variant)}
+        (variant / "metadata.json").write_text(json.dumps(meta, indent=2))
+
+
+def files_of(tree: Path) -> dict[str, str]:
+    return {
+        p.relative_to(tree).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in tree.rglob("*")
+        if p.is_file() and "__pycache__" not in p.parts and p.suffix != ".pyc"
+    }
+
+
+@pytest.fixture
+def clean_build(build_dir, tmp_path) -> Path:
+    return copy_build(build_dir, tmp_path / "build")
+
+
+@pytest.fixture
+def api_names(clean_build) -> list[str]:
+    return card.variant_api(verify.find_variants(clean_build)[0])
+
+
+def dry_run(repo_root, build, out, *extra) -> int:
+    return publish.main(["--repo-root", str(repo_root), "--build-dir", str(build), "--dry-run", str(out), *extra])
+
+
+# --- dry run -------------------------------------------------------------------------------------
+
+
+def test_dry_run_writes_the_exact_trees(repo_root, clean_build, tmp_path, capsys):
+    out = tmp_path / "dry"
+    assert dry_run(repo_root, clean_build, out) == publish.EXIT_OK
+    printed = capsys.readouterr().out
+    plan = json.loads((out / "plan.json").read_text())
+    assert plan["repo_type"] == "kernel" and plan["repo_id"] == "org/fused-geglu"
+    assert [c["branch"] for c in plan["commits"]] == ["v1", "main"]
+
+    # v1: every variant, byte for byte, and it verifies as uploaded.
+    for variant in verify.find_variants(clean_build):
+        uploaded = out / "v1" / "build" / variant.name
+        assert files_of(uploaded) == files_of(variant)
+        assert verify.verify_variant(uploaded).intact
+        assert f"build/{variant.name}/metadata.json" in printed
+    bench = repo_root / "benchmarks"
+    for script in bench.glob("benchmark*.py"):
+        assert (out / "v1" / "benchmarks" / script.name).read_bytes() == script.read_bytes()
+    assert not any(p.name == "__pycache__" for p in (out / "v1").rglob("*"))
+    assert set(plan["files"]["v1"]) == set(files_of(out / "v1"))
+
+    # main: only the card.
+    assert set(files_of(out / "main")) == {"README.md"}
+    assert "nothing uploaded" in printed
+
+
+def test_card_lists_the_api_layers_and_version(repo_root, clean_build, tmp_path, api_names):
+    assert dry_run(repo_root, clean_build, tmp_path / "dry") == publish.EXIT_OK
+    readme = (tmp_path / "dry" / "main" / "README.md").read_text()
+    assert "layers" in api_names
+    for name in api_names:
+        if name != "layers":
+            assert f"- `{name}`" in readme
+    layers = card.read_layers(verify.find_variants(clean_build)[0])
+    assert layers, "the kernel should define at least one layer"
+    for layer in layers:
+        assert f"- `{layer}`" in readme
+    assert 'get_kernel("org/fused-geglu", version=1' in readme and "`v1`" in readme
+    for variant in verify.find_variants(clean_build):
+        assert f"`{variant.name}`" in readme
+    assert "{{" not in readme and "{%" not in readme
+    assert "## Benchmarks" in readme
+
+
+def test_dry_run_refuses_a_dirty_build_unless_allowed(repo_root, build_dir, tmp_path, capsys):
+    dirty = copy_build(build_dir, tmp_path / "build", dirty=True)
+    assert dry_run(repo_root, dirty, tmp_path / "dry") == publish.EXIT_REFUSED
+    assert "dirty working tree" in capsys.readouterr().err
+    assert not (tmp_path / "dry").exists()
+    assert dry_run(repo_root, dirty, tmp_path / "dry", "--allow-dirty") == publish.EXIT_OK
+    assert "--allow-dirty" in capsys.readouterr().out
+
+
+def test_refuses_a_tampered_build_even_when_forced(repo_root, clean_build, tmp_path, capsys):
+    (verify.find_variants(clean_build)[0] / "injected.py").write_text("")
+    assert dry_run(repo_root, clean_build, tmp_path / "dry", "--allow-dirty") == publish.EXIT_REFUSED
+    assert "unknown file: injected.py" in capsys.readouterr().err
+
+
+def test_refuses_to_shrink_the_api_of_an_existing_branch(repo_root, clean_build, hub_cache, tmp_path, capsys, api_names):
+    repo = Path(hub_cache) / "kernels--org--fused-geglu"
+    current = repo / "snapshots" / (repo / "refs" / "v1").read_text().strip()
+    dropped = next(n for n in api_names if n != "layers")
+    set_all(clean_build, [n for n in api_names if n != dropped])
+    assert dry_run(repo_root, clean_build, tmp_path / "dry", "--compare-to", str(current)) == publish.EXIT_REFUSED
+    err = capsys.readouterr().err
+    assert f"would remove {dropped} from __all__" in err and "bump `version` in build.toml to 2" in err
+    assert not (tmp_path / "dry").exists()
+
+
+def test_refuses_api_additions_and_dropped_variants(repo_root, clean_build, tmp_path, capsys, api_names):
+    current = tmp_path / "current"
+    shutil.copytree(clean_build, current / "build")
+    first = verify.find_variants(current)[0]
+    shutil.copytree(first, current / "build" / "torch212-cxx11-cpu-x86_64-linux")
+    set_all(clean_build, api_names + ["brand_new_op"])
+    assert dry_run(repo_root, clean_build, tmp_path / "dry", "--compare-to", str(current)) == publish.EXIT_REFUSED
+    err = capsys.readouterr().err
+    assert "would add brand_new_op" in err
+    assert "variant(s) this build lacks: torch212-cxx11-cpu-x86_64-linux" in err
+
+
+def test_same_api_on_existing_branch_is_accepted(repo_root, clean_build, tmp_path, capsys):
+    assert dry_run(repo_root, clean_build, tmp_path / "dry", "--compare-to", str(clean_build)) == publish.EXIT_OK
+    assert "API kept" in capsys.readouterr().out
+
+
+# --- the real upload path, against a stand-in HfApi ----------------------------------------------
+
+
+class FakeHub:
+    """Records the HfApi calls publish makes; serves the current branch from a local tree."""
+
+    def __init__(self, branch_tree: Path | None, *, repo_exists: bool = True):
+        self.branch_tree, self.repo_exists = branch_tree, repo_exists
+        self.calls: list[tuple[str, dict]] = []
+        self.uploads: dict[str, dict[str, str]] = {}
+
+    def list_repo_refs(self, repo_id, *, repo_type=None):
+        from huggingface_hub.errors import RepositoryNotFoundError
+
+        self.calls.append(("list_repo_refs", {"repo_id": repo_id, "repo_type": repo_type}))
+        if not self.repo_exists:
+            raise RepositoryNotFoundError("no such repo", response=SimpleNamespace(headers={}, status_code=404, request=None))
+        names = ["main"] + (["v1"] if self.branch_tree else [])
+        return SimpleNamespace(branches=[SimpleNamespace(name=n, target_commit="a" * 40) for n in names])
+
+    def list_repo_files(self, repo_id, *, revision=None, repo_type=None):
+        self.calls.append(("list_repo_files", {"revision": revision, "repo_type": repo_type}))
+        return sorted(files_of(self.branch_tree))
+
+    def hf_hub_download(self, repo_id, *, filename, revision=None, repo_type=None):
+        self.calls.append(("hf_hub_download", {"filename": filename, "revision": revision, "repo_type": repo_type}))
+        return str(self.branch_tree / filename)
+
+    def create_repo(self, repo_id, **kw):
+        self.calls.append(("create_repo", {"repo_id": repo_id, **kw}))
+
+    def create_branch(self, repo_id, **kw):
+        self.calls.append(("create_branch", {"repo_id": repo_id, **kw}))
+
+    def upload_folder(self, **kw):
+        self.calls.append(("upload_folder", {k: v for k, v in kw.items() if k != "folder_path"}))
+        self.uploads[kw["revision"]] = files_of(Path(kw["folder_path"]))
+        return SimpleNamespace(commit_url=f"https://hub.invalid/{kw['revision']}")
+
+    def names(self):
+        return [c[0] for c in self.calls]
+
+
+@pytest.fixture
+def hub_online(monkeypatch):
+    from huggingface_hub import constants
+
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+
+
+def test_publish_uploads_the_dry_run_trees(repo_root, clean_build, tmp_path, hub_online, capsys):
+    assert dry_run(repo_root, clean_build, tmp_path / "dry") == publish.EXIT_OK
+    current = tmp_path / "current"
+    shutil.copytree(clean_build, current / "build")
+    hub = FakeHub(current)
+    argv = ["--repo-root", str(repo_root), "--build-dir", str(clean_build)]
+    assert publish.main(argv, api=hub) == publish.EXIT_OK
+    assert "create_branch" not in hub.names()  # v1 exists already
+    uploads = [kw for name, kw in hub.calls if name == "upload_folder"]
+    assert [u["revision"] for u in uploads] == ["v1", "main"]
+    assert all(u["repo_type"] == "kernel" and u["repo_id"] == "org/fused-geglu" for u in uploads)
+    assert uploads[0]["delete_patterns"] == ["build/**", "benchmarks/**"]
+    assert hub.uploads["v1"] == files_of(tmp_path / "dry" / "v1")
+    assert hub.uploads["main"] == files_of(tmp_path / "dry" / "main")
+    create = next(kw for name, kw in hub.calls if name == "create_repo")
+    assert create["repo_type"] == "kernel" and create["exist_ok"] is True
+
+
+def test_publish_creates_repo_and_branch_when_missing(repo_root, clean_build, hub_online):
+    hub = FakeHub(None, repo_exists=False)
+    assert publish.main(["--repo-root", str(repo_root), "--build-dir", str(clean_build)], api=hub) == publish.EXIT_OK
+    assert hub.names()[-4:] == ["create_repo", "create_branch", "upload_folder", "upload_folder"]
+    branch = next(kw for name, kw in hub.calls if name == "create_branch")
+    assert branch["branch"] == "v1" and branch["repo_type"] == "kernel"
+
+
+def test_publish_uploads_nothing_when_the_api_would_shrink(repo_root, clean_build, tmp_path, hub_online, api_names):
+    current = tmp_path / "current"
+    shutil.copytree(clean_build, current / "build")
+    set_all(clean_build, [n for n in api_names if n == "layers"])
+    hub = FakeHub(current)
+    assert publish.main(["--repo-root", str(repo_root), "--build-dir", str(clean_build)], api=hub) == publish.EXIT_REFUSED
+    assert not {"create_repo", "create_branch", "upload_folder"} & set(hub.names())
+
+
+def test_publish_needs_the_network(repo_root, clean_build, capsys):
+    # conftest runs everything with HF_HUB_OFFLINE=1
+    assert publish.main(["--repo-root", str(repo_root), "--build-dir", str(clean_build)]) == publish.EXIT_HUB
+    assert "HF_HUB_OFFLINE" in capsys.readouterr().err
+
+
+# --- card pieces ---------------------------------------------------------------------------------
+
+
+def test_read_all_is_static_and_strict(tmp_path):
+    init = tmp_path / "__init__.py"
+    init.write_text("import torch\n__all__ = ['a', 'layers']\n__all__ += ('b',)\n")
+    assert card.read_all(init) == ["a", "layers", "b"]
+    init.write_text("__all__ = [n for n in dir()]\n")
+    with pytest.raises(card.CardError, match="literal list"):
+        card.read_all(init)
+    init.write_text("x = 1\n")
+    with pytest.raises(card.CardError, match="no __all__"):
+        card.read_all(init)
+
+
+def test_read_layers_finds_module_subclasses(tmp_path):
+    (tmp_path / "layers.py").write_text(
+        "import torch\nfrom torch import nn\n"
+        "class GeGLUMLP(nn.Module):\n    def forward(self, x): ...\n"
+        "class GeGLUMLPTanh(GeGLUMLP):\n    pass\n"
+        "class _Private(nn.Module):\n    pass\n"
+        "class Config:\n    pass\n"
+        "class Linear(torch.nn.Module):\n    pass\n"
+    )
+    assert card.read_layers(tmp_path) == ["GeGLUMLP", "GeGLUMLPTanh", "Linear"]
+
+
+def _repo_copy(repo_root: Path, dst: Path) -> Path:
+    dst.mkdir()
+    for name in ("build.toml", "CARD.md"):
+        shutil.copy(repo_root / name, dst / name)
+    (dst / "benchmarks" / "results").mkdir(parents=True)
+    return dst
+
+
+def test_card_benchmark_table_is_tolerant(repo_root, clean_build, tmp_path):
+    root = _repo_copy(repo_root, tmp_path / "repo")
+    results = root / "benchmarks" / "results"
+    (results / "old.json").write_text(json.dumps([{"shape": "old", "ms": 9.0}]))
+    newest = results / "h200.json"
+    newest.write_text(json.dumps({"gpu": "H200", "rows": [
+        {"shape": "4096x2048x8192", "provider": "fused", "ms": 0.12345, "extra": {"nested": 1}},
+        {"shape": "4096x2048x8192", "provider": "eager", "ms": 0.5},
+    ]}))
+    os.utime(results / "old.json", (1, 1))
+    text = card.render_repo_card(root, clean_build)
+    assert "| shape | provider | ms |" in text and "| 4096x2048x8192 | fused | 0.1235 |" in text
+    assert "gpu: H200" in text and "old" not in text.split("## Benchmarks")[1].split("##")[0]
+
+    newest.write_text(json.dumps({"something": "else"}))  # unknown shape: no table, no crash
+    assert "No benchmark results are published" in card.render_repo_card(root, clean_build)
+    newest.write_text("{not json")
+    assert "No benchmark results are published" in card.render_repo_card(root, clean_build)
+
+
+def test_card_refuses_variants_with_different_apis(repo_root, clean_build):
+    variants = verify.find_variants(clean_build)
+    if len(variants) < 2:
+        pytest.skip("needs two variants")
+    init = variants[1] / "__init__.py"
+    init.write_text(init.read_text() + "\n__all__ = ['layers']\n")
+    with pytest.raises(card.CardError, match="disagree on __all__"):
+        card.card_context(repo_root, clean_build)
