@@ -1,0 +1,90 @@
+"""CPU-only checks of the benchmark harness (fused_geglu_tools.bench): the GPU-only exit, the cost
+model, and the table and plot drawn from a synthetic results JSON (written to tmp_path only)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+
+from fused_geglu_tools import bench  # noqa: E402
+
+torch = pytest.importorskip("torch")
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-GPU path")
+def test_cpu_says_gpu_only_and_exits_0(capsys, tmp_path):
+    assert bench.main(["--out", str(tmp_path)]) == 0
+    assert "GPU only" in capsys.readouterr().out
+    assert not any(tmp_path.iterdir())  # nothing pretended
+
+
+def test_cost_model_matches_anchor_floor():
+    # reference/anchors-h200.json: gemma3-1b, M=16 -> floor_fwd_us 11.33 at 4223.34 GB/s (bytes-bound)
+    flops, nbytes = bench.cost("geglu_mlp", "fwd", 16, 1152, 6912)
+    assert nbytes / (4223.339355647169e9) * 1e6 == pytest.approx(11.3298, rel=1e-4)
+    # M=1024: FLOP-bound at 686.6 TFLOP/s -> 71.25 us
+    flops, _ = bench.cost("geglu_mlp", "fwd", 1024, 1152, 6912)
+    assert flops / 686.6042889303668e12 * 1e6 == pytest.approx(71.2526, rel=1e-4)
+    assert bench.cost("geglu_mlp", "train", 1024, 1152, 6912)[0] == 3 * flops
+
+
+def _synthetic(path: Path) -> Path:
+    rows = []
+    speed = {"eager": 1.0, "compile": 0.95, "liger": 0.97, "ours-triton": 0.85, "ours-cuda": 0.8}
+    for op in ("geglu_mlp", "linear", "geglu"):
+        for shape in bench.SHAPES:
+            for M in shape.tokens:
+                modes = ["fwd", "train"] + (["fwd_graph"] if M <= bench.DECODE_MAX_M else [])
+                for prov, f in speed.items():
+                    if op == "linear" and prov == "liger":
+                        continue
+                    for mode in modes:
+                        base = 1e-3 * M * shape.H * shape.I / 1e3 * (3 if mode == "train" else 1) + 10
+                        ok = not (prov == "ours-cuda" and op == "geglu" and M == 16)
+                        rows.append(
+                            dict(
+                                op=op, shape=shape.name, H=shape.H, I=shape.I, M=M, provider=prov, mode=mode,
+                                status="ok" if ok else "FAILED", ok=ok, err=None if ok else "synthetic",
+                                median_us=base * f if ok else None, p20_us=None, p80_us=None,
+                                frac_of_floor=0.5 if ok else None, peak_mb=100.0 * f * (M / 1024 + 1),
+                            )
+                        )
+    payload = {
+        "schema": bench.SCHEMA,
+        "created": "2026-01-01T00:00:00+00:00",
+        "env": {"device": "Synthetic GPU", "torch": "0.0", "triton": "0.0"},
+        "ceilings": {"matmul_tflops": 700.0, "copy_gbps": 4200.0},
+        "rows": rows,
+        "timing": {"total_s": 1.0, "compile_s": 0.0},
+        "json_path": str(path),
+    }
+    path.write_text(json.dumps(payload))
+    return path
+
+
+def test_plot_from_synthetic_json(tmp_path):
+    pytest.importorskip("matplotlib")
+    js = _synthetic(tmp_path / "synthetic-2026-01-01.json")
+    png = bench.plot(js)
+    assert png == js.with_suffix(".png")
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_plot_only_cli(tmp_path, capsys):
+    pytest.importorskip("matplotlib")
+    js = _synthetic(tmp_path / "r.json")
+    assert bench.main(["--plot-only", str(js)]) == 0
+    assert (tmp_path / "r.png").exists()
+
+
+def test_table_ratios(tmp_path):
+    payload = json.loads(_synthetic(tmp_path / "t.json").read_text())
+    text = bench.table(payload)
+    line = next(ln for ln in text.splitlines() if ln.startswith("geglu_mlp gemma-2b") and " 1024 triton" in ln)
+    assert "0.85" in line and "0.89" in line  # ours/eager and ours/compile (0.85 / 0.95)
+    assert "FAILED" in text
