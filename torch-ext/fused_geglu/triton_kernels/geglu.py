@@ -1,0 +1,98 @@
+"""Pointwise GeGLU, forward and backward: out = gelu(gate) * up.
+
+Memory bound. Each program owns a [BLOCK_M, BLOCK_N] tile (wide in the column direction, a few rows
+deep) on a 2-D grid (row blocks on axis 0, which has no 65535 limit; column blocks on axis 1), so a
+program moves BLOCK_M * BLOCK_N elements per tensor with no per-row loop, and small-M inputs still
+spread across the GPU along the columns. Math is fp32 on upcast inputs; one rounding, at the store.
+Row offsets are int64 (M * row_stride can pass 2^31). Every tensor is a 2-D view with unit column
+stride; row strides are free, so the halves of a packed [M, 2N] tensor go in without a copy.
+"""
+
+import torch
+import triton
+import triton.language as tl
+
+from ._common import act_from_approximate, gelu, gelu_and_grad
+from .configs import get_config
+
+
+@triton.jit
+def _geglu_fwd_kernel(
+    out_ptr, gate_ptr, up_ptr,  # [M, N] each, unit column stride
+    M, N,
+    stride_out, stride_gate, stride_up,  # row strides (elements)
+    ACT: tl.constexpr,  # 1 = erf, 2 = tanh
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+):
+    rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    cols = tl.max_contiguous(tl.multiple_of(cols, BLOCK_N), BLOCK_N)
+    mask = (rows < M)[:, None] & (cols < N)[None, :]
+    r = rows.to(tl.int64)[:, None]
+    c = cols[None, :]
+    g = tl.load(gate_ptr + r * stride_gate + c, mask=mask, other=0.0).to(tl.float32)
+    u = tl.load(up_ptr + r * stride_up + c, mask=mask, other=0.0).to(tl.float32)
+    h = gelu(g, ACT) * u
+    tl.store(out_ptr + r * stride_out + c, h.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _geglu_bwd_kernel(
+    grad_gate_ptr, grad_up_ptr,  # outputs [M, N]
+    grad_out_ptr, gate_ptr, up_ptr,  # inputs [M, N]
+    M, N,
+    stride_gg, stride_gu, stride_go, stride_gate, stride_up,
+    ACT: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+):
+    rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    cols = tl.max_contiguous(tl.multiple_of(cols, BLOCK_N), BLOCK_N)
+    mask = (rows < M)[:, None] & (cols < N)[None, :]
+    r = rows.to(tl.int64)[:, None]
+    c = cols[None, :]
+    dy = tl.load(grad_out_ptr + r * stride_go + c, mask=mask, other=0.0).to(tl.float32)
+    g = tl.load(gate_ptr + r * stride_gate + c, mask=mask, other=0.0).to(tl.float32)
+    u = tl.load(up_ptr + r * stride_up + c, mask=mask, other=0.0).to(tl.float32)
+    act, dact = gelu_and_grad(g, ACT)
+    # d/dgate = dy * up * gelu'(gate);  d/dup = dy * gelu(gate)
+    tl.store(grad_gate_ptr + r * stride_gg + c, (dy * u * dact).to(grad_gate_ptr.dtype.element_ty), mask=mask)
+    tl.store(grad_up_ptr + r * stride_gu + c, (dy * act).to(grad_up_ptr.dtype.element_ty), mask=mask)
+
+
+def _grid(m: int, n: int, cfg):
+    return (triton.cdiv(m, cfg.BLOCK_M), triton.cdiv(n, cfg.BLOCK_N))
+
+
+def geglu_fwd(out: torch.Tensor, gate: torch.Tensor, up: torch.Tensor, approximate: str) -> torch.Tensor:
+    """out[M, N] = gelu(gate) * up, gelu exact ("none") or tanh ("tanh"). 2-D views, unit column stride."""
+    act = act_from_approximate(approximate)
+    m, n = gate.shape
+    if m == 0 or n == 0:
+        return out
+    cfg = get_config("geglu_fwd", gate.device, gate.dtype, m, n)
+    _geglu_fwd_kernel[_grid(m, n, cfg)](
+        out, gate, up, m, n,
+        out.stride(0), gate.stride(0), up.stride(0),
+        ACT=act, BLOCK_M=cfg.BLOCK_M, BLOCK_N=cfg.BLOCK_N, num_warps=cfg.num_warps,
+    )
+    return out
+
+
+def geglu_bwd(
+    grad_gate: torch.Tensor, grad_up: torch.Tensor,
+    grad_out: torch.Tensor, gate: torch.Tensor, up: torch.Tensor, approximate: str,
+):
+    """grad_gate = grad_out * up * gelu'(gate), grad_up = grad_out * gelu(gate). All [M, N] 2-D views;
+    grad_gate / grad_up may be the two halves of one [M, 2N] buffer."""
+    act = act_from_approximate(approximate)
+    m, n = gate.shape
+    if m == 0 or n == 0:
+        return grad_gate, grad_up
+    cfg = get_config("geglu_bwd", gate.device, gate.dtype, m, n)
+    _geglu_bwd_kernel[_grid(m, n, cfg)](
+        grad_gate, grad_up, grad_out, gate, up, m, n,
+        grad_gate.stride(0), grad_up.stride(0), grad_out.stride(0), gate.stride(0), up.stride(0),
+        ACT=act, BLOCK_M=cfg.BLOCK_M, BLOCK_N=cfg.BLOCK_N, num_warps=cfg.num_warps,
+    )
+    return grad_gate, grad_up
