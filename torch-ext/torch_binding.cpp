@@ -12,24 +12,24 @@ TORCH_LIBRARY_EXPAND(TORCH_EXTENSION_NAME, ops) {
       "geglu_bwd(Tensor! grad_gate, Tensor! grad_up, Tensor grad_out, Tensor gate, Tensor up, "
       "int approximate) -> ()");
 #if defined(CPU_KERNEL)
-  ops.impl("geglu_fwd", torch::kCPU, &geglu_fwd);
-  ops.impl("geglu_bwd", torch::kCPU, &geglu_bwd);
+  ops.impl("geglu_fwd", c10::kCPU, &geglu_fwd);
+  ops.impl("geglu_bwd", c10::kCPU, &geglu_bwd);
 #elif defined(CUDA_KERNEL)
-  ops.impl("geglu_fwd", torch::kCUDA, &geglu_fwd);
-  ops.impl("geglu_bwd", torch::kCUDA, &geglu_bwd);
+  ops.impl("geglu_fwd", c10::kCUDA, &geglu_fwd);
+  ops.impl("geglu_bwd", c10::kCUDA, &geglu_bwd);
   // ---- CUDA-only ops (kernel_src/linear_cublaslt, kernel_src/gemm_sm90) ----
   // The optional outputs (preact_out, db) are written, so they carry their own alias set.
   ops.def(
       "linear_lt(Tensor(a!) out, Tensor x, Tensor weight, Tensor? bias, int activation, "
       "Tensor(b!)? preact_out) -> ()");
-  ops.impl("linear_lt", torch::kCUDA, &linear_lt);
+  ops.impl("linear_lt", c10::kCUDA, &linear_lt);
   ops.def(
       "linear_lt_bwd_weight(Tensor(a!) dw, Tensor(b!)? db, Tensor grad_y, Tensor x) -> ()");
-  ops.impl("linear_lt_bwd_weight", torch::kCUDA, &linear_lt_bwd_weight);
+  ops.impl("linear_lt_bwd_weight", c10::kCUDA, &linear_lt_bwd_weight);
   ops.def(
       "geglu_gateup_sm90(Tensor(a!) h_out, Tensor x, Tensor w_gateup, Tensor? b_gateup, "
       "int approximate, Tensor(b!)? preact_out) -> ()");
-  ops.impl("geglu_gateup_sm90", torch::kCUDA, &geglu_gateup_sm90);
+  ops.impl("geglu_gateup_sm90", c10::kCUDA, &geglu_gateup_sm90);
 #endif
 }
 

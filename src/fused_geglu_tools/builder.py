@@ -6,6 +6,7 @@ complete, so an interrupted or failed build leaves no half-built variant behind.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import shutil
 import subprocess
@@ -87,6 +88,31 @@ def _run(cmd: list[str], what: str) -> None:
     _log(f"{what} ({time.monotonic() - t0:.0f} s)")
 
 
+def _run_cached(cmd: list[str], what: str, cache: Path, ops_id: str) -> None:
+    """Compile, reusing an object from ``build/.objcache`` when nothing that feeds it changed.
+
+    Only kernel sources are cached: the binding depends on the ops id, which changes with every
+    commit. The key covers the command line and every file in the source's folder plus the
+    binding header (the headers a kernel source can include from this repository).
+    """
+    src, obj = Path(cmd[cmd.index("-o") - 1]), Path(cmd[cmd.index("-o") + 1])
+    if any(ops_id in part for part in cmd if part.endswith(src.name)) or "torch-ext" in src.parts:
+        return _run(cmd, what)
+    h = hashlib.sha256(" ".join(c for c in cmd if not c.startswith(("-DTORCH_EXTENSION_NAME=", "-o"))
+                                and c != str(obj)).encode())
+    for dep in sorted(src.parent.iterdir()):
+        if dep.is_file():
+            h.update(dep.name.encode() + dep.read_bytes())
+    cached = cache / f"{src.stem}-{h.hexdigest()[:16]}.o"
+    if cached.is_file():
+        shutil.copy2(cached, obj)
+        _log(f"{what} (cached)")
+        return
+    _run(cmd, what)
+    cache.mkdir(parents=True, exist_ok=True)
+    shutil.copy2(obj, cached)
+
+
 def _compile_shared_object(
     cfg: BuildConfig, plan: Plan, tc: toolchain.Toolchain, ops_id: str, workdir: Path, out: Path
 ) -> list[str]:
@@ -134,8 +160,9 @@ def _compile_shared_object(
                 jobs.append((cmd, f"compiled {src} for sm {','.join(caps)}"))
             # headers (.h/.cuh) are listed for kernel-builder's benefit only
 
+    cache = out.parent.parent.parent / ".objcache"  # build/.objcache (out = build/.partial-*/variant/x.so)
     with ThreadPoolExecutor(max_workers=max(1, os.cpu_count() or 1)) as pool:
-        futures = [pool.submit(_run, cmd, what) for cmd, what in jobs]
+        futures = [pool.submit(_run_cached, cmd, what, cache, ops_id) for cmd, what in jobs]
         errors = []
         for fut in futures:
             try:
@@ -149,7 +176,7 @@ def _compile_shared_object(
     libs += ["-lc10", "-ltorch", "-ltorch_cpu"]
     if backend == "cuda":
         libs += [f"-L{d}" for d in tc.cuda_library_dirs]
-        libs += ["-lc10_cuda", "-ltorch_cuda", "-lcudart", "-lcublasLt"]
+        libs += ["-lc10_cuda", "-ltorch_cuda", "-lcudart", *toolchain.cublaslt_link_flags(tc.cuda_library_dirs)]
     _run([tc.cxx, "-shared", "-fPIC", *map(str, objects), "-o", str(out), *libs], f"linked {out.name}")
     return sorted(archs)
 

@@ -45,8 +45,12 @@ def source_identity(root: Path, fallback_paths: list[Path] | None = None) -> Sou
     except (OSError, subprocess.CalledProcessError):
         top = None
     if top is None or top.resolve() != root.resolve():
+        # A copy without .git (e.g. a tree shipped to a build machine): the content names it, and
+        # the commit it was copied from may be passed in by whoever copied it.
         digest = _content_hash(root, fallback_paths or [])
-        return SourceIdentity(uid=digest[:7] + "_nogit", commit=None, dirty=True)
+        commit = os.environ.get("FUSED_GEGLU_COMMIT")
+        dirty = os.environ.get("FUSED_GEGLU_DIRTY", "1") != "0"
+        return SourceIdentity(uid=digest[:7] + ("_dirty" if dirty else ""), commit=commit, dirty=dirty)
     try:
         commit = _git(root, "rev-parse", "HEAD")
         head_tree = _git(root, "rev-parse", "HEAD^{tree}")

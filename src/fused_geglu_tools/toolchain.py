@@ -7,6 +7,7 @@ for torch < 2.12 and C++20 from 2.12, Python's limited API, one shared object pe
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import shutil
 import sysconfig
@@ -72,6 +73,9 @@ def detect() -> Toolchain:
         for sub in ("lib64", "targets/x86_64-linux/lib", "lib"):
             if (cuda_home / sub).is_dir():
                 cuda_libs.append(str(cuda_home / sub))
+    wheel_inc, wheel_lib = _nvidia_wheel_dirs()
+    cuda_includes += wheel_inc
+    cuda_libs += wheel_lib
     return Toolchain(
         cxx=cxx,
         nvcc=nvcc,
@@ -105,14 +109,12 @@ def dependency_include_dirs(depends: tuple[str, ...]) -> list[str]:
 def _cutlass_include_dirs() -> list[str]:
     env = os.environ.get("CUTLASS_PATH")
     candidates = [Path(env) / "include"] if env else []
-    try:
-        import cutlass_library
-
-        base = Path(cutlass_library.__file__).parent
+    # Locate the wheel's files without importing it (its Python side needs extra packages).
+    spec = importlib.util.find_spec("cutlass_library")
+    if spec is not None and spec.origin:
+        base = Path(spec.origin).parent
         candidates += [base / "source" / "include", base.parent / "cutlass" / "include"]
         candidates += [p.parent.parent for p in base.rglob("cutlass/cutlass.h")]
-    except ImportError:
-        pass
     for cand in candidates:
         if (cand / "cutlass" / "cutlass.h").is_file():
             out = [str(cand)]
@@ -134,3 +136,31 @@ def gencode_flags(capabilities: list[str]) -> list[str]:
         if cap.endswith("+PTX"):
             flags += ["-gencode", f"arch=compute_{num},code=compute_{num}"]
     return flags
+
+
+def _nvidia_wheel_dirs() -> tuple[list[str], list[str]]:
+    """Headers and libraries of the ``nvidia-*`` wheels a CUDA torch installs (cuBLASLt's
+    ``cublasLt.h`` is not in every toolkit image, and the wheel's library is the one torch loads)."""
+    spec = importlib.util.find_spec("nvidia")
+    if spec is None or not spec.submodule_search_locations:
+        return [], []
+    incs, libs = [], []
+    for base in map(Path, spec.submodule_search_locations):
+        for sub in ("cu13", "cu12", "cublas", "cuda_runtime"):
+            if (base / sub / "include").is_dir():
+                incs.append(str(base / sub / "include"))
+            if (base / sub / "lib").is_dir():
+                libs.append(str(base / sub / "lib"))
+    return incs, libs
+
+
+def cublaslt_link_flags(library_dirs: tuple[str, ...]) -> list[str]:
+    """``-lcublasLt`` where a dev symlink exists, else the versioned file (wheels ship only that)."""
+    for d in library_dirs:
+        if (Path(d) / "libcublasLt.so").exists():
+            return ["-lcublasLt"]
+    for d in library_dirs:
+        versioned = sorted(Path(d).glob("libcublasLt.so.*"))
+        if versioned:
+            return [f"-l:{versioned[0].name}", f"-Wl,-rpath,{d}"]
+    raise ToolchainError("libcublasLt not found (CUDA toolkit lib64 or the nvidia-cublas wheel)")

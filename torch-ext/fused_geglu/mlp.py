@@ -5,6 +5,8 @@ Paths (``last_backend("geglu_mlp")`` names the one that ran):
   ``h`` (plus the gate/up pre-activations when training); the down GEMM adds its bias in the
   epilogue. Backward: the ``dh = dy @ W_down`` GEMM computes dgate/dup in its epilogue and
   re-emits ``h`` for ``dW_down``, so ``h`` is never saved.
+- ``"cuda:sm90"`` (inference on Hopper): the CUTLASS gate+up GEMM with the GeGLU epilogue
+  (``kernel_src/gemm_sm90``) over an interleaved copy of the two weights, then the down GEMM.
 - ``"<pointwise>+gemm"`` (``"cuda+gemm"``, ``"cpu+gemm"``, ``"torch+gemm"``): vendor GEMMs
   (cuBLAS / ATen) around this project's GeGLU pointwise kernel. The auto policy on CUDA uses it
   wherever measurements say the fused kernel would lose (``configs``' dispatch table).
@@ -19,7 +21,8 @@ import torch
 
 from . import _checks, _dispatch
 from . import geglu as _geglu
-from ._ops import add_op_namespace_prefix
+from . import sm90_weights
+from ._ops import add_op_namespace_prefix, ops
 from ._views import rows
 from .policy import mlp_backend_for
 
@@ -57,9 +60,11 @@ def geglu_mlp_fwd_op(x: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor, 
     x2 = rows(x)
     m, (i, h) = x2.shape[0], w_gate.shape
     backend = _pick(x.device, backend, m, h, i)
-    empty = x.new_empty((0,))
+    def empty():  # outputs may not alias each other: a fresh placeholder each time
+        return x.new_empty((0,))
+
     if m == 0:
-        y, gate, up = x2.new_empty((0, h)), empty, empty
+        y, gate, up = x2.new_empty((0, h)), empty(), empty()
     elif backend == "triton":
         from .triton_kernels import linear as tk_linear
         from .triton_kernels import mlp as tk_mlp
@@ -70,12 +75,19 @@ def geglu_mlp_fwd_op(x: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor, 
         tk_mlp.gateup_fwd(hid, x2, w_gate, w_up, b_gate, b_up, approximate, gate, up)
         y = torch.empty((m, h), dtype=x.dtype, device=x.device)
         tk_linear.linear_fwd(y, hid, w_down, b_down, "none", None)
-        gate = gate if save_preact else empty
-        up = up if save_preact else empty
+        gate = gate if save_preact else empty()
+        up = up if save_preact else empty()
+    elif backend == "cuda" and not save_preact and _dispatch.compiled_has("geglu_gateup_sm90", "cuda") \
+            and sm90_weights.usable(x2, w_gate):
+        # Inference on Hopper: CUTLASS gate+up GEMM with the GeGLU epilogue, then cuBLAS down.
+        hid = sm90_weights.gateup_sm90(ops, x2, w_gate, w_up, b_gate, b_up, approximate)
+        y, gate, up = _addmm(b_down, hid, w_down), empty(), empty()
+        _dispatch.record("geglu_mlp", "cuda:sm90")
+        return y.view(*x.shape[:-1], h), gate, up
     else:
         y, gate, up = _gemm_forward(x2, w_gate, w_up, w_down, b_gate, b_up, b_down, approximate, backend)
         if not save_preact:
-            gate, up = empty, empty
+            gate, up = empty(), empty()
     _dispatch.record("geglu_mlp", backend if backend == "triton" else f"{backend}+gemm")
     return y.view(*x.shape[:-1], h), gate, up
 
@@ -124,22 +136,20 @@ def geglu_mlp_bwd_op(grad_y: torch.Tensor, x: torch.Tensor, w_gate: torch.Tensor
     dx.addmm_(dup, w_up)
     d_w_gate = dgate.t() @ x2
     d_w_up = dup.t() @ x2
-    empty = x.new_empty((0,))
-    db_gate = dgate.sum(0, dtype=torch.float32).to(dt) if b_gate is not None else empty
-    db_up = dup.sum(0, dtype=torch.float32).to(dt) if b_up is not None else empty
-    db_down = dy.sum(0, dtype=torch.float32).to(dt) if has_b_down else empty
+    db_gate = dgate.sum(0, dtype=torch.float32).to(dt) if b_gate is not None else x.new_empty((0,))
+    db_up = dup.sum(0, dtype=torch.float32).to(dt) if b_up is not None else x.new_empty((0,))
+    db_down = dy.sum(0, dtype=torch.float32).to(dt) if has_b_down else x.new_empty((0,))
     return [dx.view(x.shape), d_w_gate, d_w_up, d_w_down, db_gate, db_up, db_down]
 
 
 @geglu_mlp_bwd_op.register_fake
 def _(grad_y, x, w_gate, w_up, w_down, b_gate, b_up, gate, up, approximate, recompute, has_b_down, backend):
     i, h = w_gate.shape
-    e = x.new_empty((0,))
     return [x.new_empty(x.shape), w_gate.new_empty(w_gate.shape), w_up.new_empty(w_up.shape),
             w_down.new_empty(w_down.shape),
-            x.new_empty((i,)) if b_gate is not None else e,
-            x.new_empty((i,)) if b_up is not None else e,
-            x.new_empty((h,)) if has_b_down else e]
+            x.new_empty((i,) if b_gate is not None else (0,)),
+            x.new_empty((i,) if b_up is not None else (0,)),
+            x.new_empty((h,) if has_b_down else (0,))]
 
 
 def _setup(ctx, inputs, output):

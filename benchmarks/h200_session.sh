@@ -1,0 +1,60 @@
+#!/usr/bin/env bash
+# One device call on the H200 (torch 2.11+cu130, triton 3.6, no package index): install the carried
+# wheels (.whl/, from ../shared/tools/device-wheels.sh), build the torch211-cxx11-cu130 variant
+# with the project's builder, stage it, then run the phases asked for, writing logs under $OUT.
+#   bash benchmarks/h200_session.sh build test selftest        # correctness
+#   bash benchmarks/h200_session.sh build bench                # the side-by-side harness
+# The last lines printed are a short summary of each phase.
+set -uo pipefail
+OUT=${OUT:-/tmp/fg-out}
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1 FUSED_GEGLU_CUDA_ARCHS=${FUSED_GEGLU_CUDA_ARCHS:-9.0}
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+  || { echo "wheel install failed"; exit 1; }
+export PYTHONPATH=/tmp/site:$PWD/src
+FG="python3 -m fused_geglu_tools"
+summary=()
+t0=$(date +%s)
+for phase in "$@"; do
+  start=$(date +%s)
+  case $phase in
+    build)
+      nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv | tee "$OUT/gpu.txt"
+      $FG build --backends cuda 2>&1 | tee "$OUT/build.log"; rc=${PIPESTATUS[0]}
+      $FG stage >> "$OUT/build.log" 2>&1
+      ls -la build/*/ >> "$OUT/build.log"
+      so=$(ls build/torch211-*/*.so 2>/dev/null | head -1)
+      [ -n "$so" ] && cuobjdump --dump-sass "$so" 2>/dev/null | grep -E "HGMMA|UTMALDG" | sort | uniq -c | sort -rn | head -8 > "$OUT/sass_hgmma.txt"
+      summary+=("build rc=$rc $(($(date +%s)-start))s so=$(du -h ${so:-/dev/null} | cut -f1) hgmma_lines=$(wc -l < "$OUT/sass_hgmma.txt" 2>/dev/null)")
+      ;;
+    test)
+      python3 -m pytest tests -q -p no:cacheprovider -o addopts="" -rfE --durations=15 ${PYTEST_ARGS:-} 2>&1 | tee "$OUT/test.log" | tail -40
+      summary+=("test $(tail -1 "$OUT/test.log") $(($(date +%s)-start))s")
+      ;;
+    selftest)
+      python3 - <<'PY' 2>&1 | tee "$OUT/selftest.log" | tail -60
+import os, sys, json, importlib.util, torch
+os.environ["HF_HUB_OFFLINE"] = "1"; os.environ["HF_HUB_CACHE"] = os.path.abspath(".hub-cache")
+import kernels
+k = kernels.get_kernel("org/fused-geglu", version=1, trust_remote_code=True)
+spec = importlib.util.spec_from_file_location("selftest", "kernel_src/gemm_sm90/selftest.py")
+st = importlib.util.module_from_spec(spec); spec.loader.exec_module(st)
+ok = st.run(getattr(torch.ops, k.OPS_ID))
+print("SELFTEST", "PASS" if ok else "FAIL")
+PY
+      summary+=("selftest $(grep -E '^SELFTEST' "$OUT/selftest.log" | tail -1) $(($(date +%s)-start))s")
+      ;;
+    bench)
+      python3 benchmarks/compare.py --out "$OUT" --budget-s ${BENCH_BUDGET:-420} ${BENCH_ARGS:-} 2>&1 | tee "$OUT/bench.log" | tail -60
+      summary+=("bench $(($(date +%s)-start))s")
+      ;;
+    e2e)
+      python3 benchmarks/e2e_gemma.py --out "$OUT" 2>&1 | tee "$OUT/e2e.log" | tail -30
+      summary+=("e2e $(($(date +%s)-start))s")
+      ;;
+    *) echo "unknown phase $phase"; exit 2;;
+  esac
+done
+echo "== summary ($(($(date +%s)-t0)) s)"
+printf '%s\n' "${summary[@]}"

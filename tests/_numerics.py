@@ -1,0 +1,40 @@
+"""Error measurement against a float64 reference, with tolerances that follow from the dtype.
+
+The rule (as in quack's and Liger's tests): our error against the float64 reference may be at most
+``FACTOR`` times the error of the same computation done by eager PyTorch in the same dtype, plus a
+small floor for results where eager happens to be (near) exact. Both the relative Frobenius error
+and the max abs error (scaled by the reference's magnitude) are checked.
+"""
+
+from __future__ import annotations
+
+import torch
+
+FACTOR = 2.0
+# Floors: a few ulps of the dtype, relative to the reference's scale.
+FLOOR = {torch.float32: 2e-6, torch.float16: 2e-3, torch.bfloat16: 1.6e-2}
+
+
+def errors(out: torch.Tensor, ref: torch.Tensor) -> tuple[float, float]:
+    out, ref = out.detach().double().cpu(), ref.detach().double().cpu()
+    assert out.shape == ref.shape, f"shape {tuple(out.shape)} != reference {tuple(ref.shape)}"
+    assert torch.isfinite(out).all(), "non-finite values in the output"
+    scale = ref.abs().max().item() or 1.0
+    norm = ref.norm().item() or 1.0
+    return (out - ref).norm().item() / norm, (out - ref).abs().max().item() / scale
+
+
+def assert_close(out: torch.Tensor, ref: torch.Tensor, eager: torch.Tensor, what: str = "output",
+                 factor: float = FACTOR) -> None:
+    dtype = eager.dtype
+    rel, mx = errors(out, ref)
+    e_rel, e_mx = errors(eager, ref)
+    floor = FLOOR[dtype]
+    ok = rel <= factor * e_rel + floor and mx <= factor * e_mx + 4 * floor
+    assert ok, (f"{what} ({dtype}): rel err {rel:.3g} (eager {e_rel:.3g}), max err {mx:.3g} "
+                f"(eager {e_mx:.3g}); allowed {factor}x eager + floor {floor:g}")
+
+
+def randn(*shape, dtype=torch.float32, device="cpu", scale=1.0, requires_grad=False, gen=None):
+    t = (torch.randn(*shape, generator=gen, dtype=torch.float32) * scale).to(device=device, dtype=dtype)
+    return t.requires_grad_(requires_grad)

@@ -1,0 +1,85 @@
+"""Test fixtures: the kernel is loaded the way users load it, through ``kernels``.
+
+``make test`` builds and stages first; this file points huggingface_hub at the staged cache in
+offline mode *before* anything imports it (huggingface_hub reads these at import time), and
+``kernel`` is ``kernels.get_kernel("org/fused-geglu", version=1, trust_remote_code=True)``.
+
+Without a GPU, ``TRITON_INTERPRET=1`` is set too, so the Triton kernels run on CPU tensors
+(slowly: Triton tests keep sizes small there).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+REPO_ID = "org/fused-geglu"
+HUB_CACHE = Path(os.environ.get("FUSED_GEGLU_TEST_CACHE", REPO_ROOT / ".hub-cache"))
+
+os.environ["HF_HUB_OFFLINE"] = "1"
+os.environ["HF_HUB_CACHE"] = str(HUB_CACHE)
+os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
+sys.path.insert(0, str(REPO_ROOT / "src"))  # fused_geglu_tools (the tooling, not the kernel)
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # _numerics
+
+import torch  # noqa: E402
+
+HAS_CUDA = torch.cuda.is_available()
+if not HAS_CUDA:
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "gpu: needs a CUDA device")
+
+
+def pytest_collection_modifyitems(config, items):
+    if HAS_CUDA:
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA GPU (run on the H200; results recorded in benchmarks/results)")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
+
+
+@pytest.fixture(scope="session")
+def repo_root() -> Path:
+    return REPO_ROOT
+
+
+@pytest.fixture(scope="session")
+def build_dir() -> Path:
+    path = REPO_ROOT / "build"
+    if not any(path.glob("*/metadata.json")):
+        pytest.fail(f"no built variants in {path}: run `make build` (make test does it first)")
+    return path
+
+
+@pytest.fixture(scope="session")
+def hub_cache(build_dir) -> Path:
+    refs = HUB_CACHE / ("kernels--" + REPO_ID.replace("/", "--")) / "refs" / "v1"
+    if not refs.is_file():
+        pytest.fail(f"no staged snapshot at {HUB_CACHE}: run `make stage` (make test does it first)")
+    return HUB_CACHE
+
+
+@pytest.fixture(scope="session")
+def kernel(hub_cache):
+    import kernels
+
+    return kernels.get_kernel(REPO_ID, version=1, trust_remote_code=True)
+
+
+@pytest.fixture(scope="session")
+def device() -> str:
+    return "cuda" if HAS_CUDA else "cpu"
+
+
+@pytest.fixture(scope="session")
+def backends(kernel, device) -> list[str]:
+    """Every backend the loaded variant has for the test device (the tests run each)."""
+    return kernel.available_backends(device)

@@ -1,0 +1,110 @@
+"""The Nix-free builder's output is what the loader expects, and its failures are loud and clean."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import shutil
+import subprocess
+import sys
+
+import pytest
+from fused_geglu_tools.buildconfig import BuildConfigError, load_build_config
+from fused_geglu_tools.digest import hash_variant
+from fused_geglu_tools.gitid import source_identity
+from fused_geglu_tools.variants import Variant
+
+
+def test_variant_names_round_trip_over_a_grid():
+    for major, minor, cxx11, backend, cuda, arch in itertools.product(
+            [2], [9, 11, 13], [True, False], ["cpu", "cuda"], [(12, 6), (13, 0)], ["x86_64", "aarch64"]):
+        v = Variant(backend=backend, torch=(major, minor), cxx11=cxx11,
+                    cuda=cuda if backend == "cuda" else None, arch=arch)
+        assert Variant.parse(v.name) == v
+    for backend in ("cpu", "cuda"):
+        assert Variant.parse(f"torch-{backend}") == Variant(backend=backend)
+    assert Variant.parse("torch211-cxx11-cu130-x86_64-linux").cuda == (13, 0)
+    with pytest.raises(ValueError, match="not a build variant"):
+        Variant.parse("torch-universal-foo")
+
+
+def test_variant_names_agree_with_the_loader():
+    from kernels.variants import parse_variant  # the loader's own parser
+
+    for name in ("torch213-cxx11-cpu-x86_64-linux", "torch211-cxx11-cu130-x86_64-linux", "torch-cuda"):
+        assert parse_variant(name) is not None, name
+
+
+def test_build_layout_and_metadata(build_dir, repo_root):
+    cfg = load_build_config(repo_root)
+    ident = source_identity(repo_root)
+    variants = {p.name: p for p in build_dir.iterdir() if (p / "metadata.json").is_file()}
+    assert Variant.for_this_torch("cpu").name in variants, sorted(variants)
+    assert "torch-cuda" in variants
+    from kernels._rust import Metadata
+
+    for name, path in variants.items():
+        meta = json.loads((path / "metadata.json").read_text())
+        Metadata.read_from_file(path / "metadata.json")  # the loader's parser accepts it
+        v = Variant.parse(name)
+        assert meta["name"] == "fused-geglu" and meta["version"] == cfg.version
+        assert meta["license"] == cfg.license and meta["python-depends"] == []
+        assert meta["backend"]["type"] == v.backend
+        assert meta["id"].startswith(f"_fused_geglu_{v.backend}_")
+        assert meta["digest"]["files"] == hash_variant(path), f"{name}: digest does not match the files"
+        assert {"__init__.py", "_ops.py", "layers.py", "triton_kernels/geglu.py"} <= set(meta["digest"]["files"])
+        assert not any(p.name in ("torch_binding.cpp", "registration.h") for p in path.rglob("*"))
+        assert meta["provenance"]["kernel"]["commit"] == ident.commit
+        if not v.noarch:
+            so = path / f"{meta['id']}.abi3.so"
+            assert so.is_file(), f"{name}: the .so must be named after the ops id"
+            symbols = subprocess.run(["nm", "-D", "--defined-only", str(so)], capture_output=True, text=True).stdout
+            assert f"PyInit_{meta['id']}" in symbols
+            assert f'from . import {meta["id"]}' in (path / "_ops.py").read_text()
+    assert not list(build_dir.glob(".partial-*")), "half-built variants left behind"
+
+
+def test_ops_id_comes_from_the_git_tree(repo_root, build_dir):
+    ident = source_identity(repo_root)
+    assert ident == source_identity(repo_root), "two identities of one tree must agree"
+    tree = subprocess.run(["git", "-C", str(repo_root), "rev-parse", "HEAD^{tree}"],
+                          capture_output=True, text=True).stdout.strip()
+    if not ident.dirty:
+        assert ident.uid == tree[:7]
+    meta = json.loads((build_dir / "torch-cuda" / "metadata.json").read_text())
+    assert meta["id"] == f"_fused_geglu_cuda_{ident.uid}" or meta["provenance"]["kernel"]["dirty"]
+
+
+def _copy_sources(repo_root, dest):
+    for name in ("build.toml", "torch-ext", "kernel_src"):
+        src = repo_root / name
+        (shutil.copytree if src.is_dir() else shutil.copy)(src, dest / name)
+
+
+def _build(dest, repo_root, *args):
+    env_path = f"{repo_root / 'src'}"
+    return subprocess.run([sys.executable, "-m", "fused_geglu_tools", "build", *args], cwd=dest,
+                          capture_output=True, text=True, env={"PYTHONPATH": env_path, "PATH": "/usr/bin:/bin",
+                                                                "FUSED_GEGLU_ROOT": str(dest)})
+
+
+def test_invalid_build_toml_fails_the_build(tmp_path, repo_root):
+    _copy_sources(repo_root, tmp_path)
+    toml = tmp_path / "build.toml"
+    toml.write_text(toml.read_text().replace("edition = 5", "edition = 5\nbogus-key = 1"))
+    with pytest.raises(BuildConfigError, match="invalid"):
+        load_build_config(tmp_path)
+    proc = _build(tmp_path, repo_root)
+    assert proc.returncode == 1 and "invalid" in proc.stderr
+    assert not (tmp_path / "build").exists()
+
+
+def test_compile_error_is_shown_and_leaves_nothing(tmp_path, repo_root):
+    _copy_sources(repo_root, tmp_path)
+    src = tmp_path / "kernel_src" / "geglu_cpu" / "geglu_cpu.cpp"
+    src.write_text("#error deliberately broken for the test\n" + src.read_text())
+    proc = _build(tmp_path, repo_root, "--backends", "cpu")
+    assert proc.returncode == 1
+    assert "deliberately broken for the test" in proc.stderr, proc.stderr[-2000:]
+    leftovers = [p.name for p in (tmp_path / "build").iterdir()] if (tmp_path / "build").exists() else []
+    assert not [n for n in leftovers if n.startswith("torch2") or n.startswith(".partial")], leftovers

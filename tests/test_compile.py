@@ -1,0 +1,105 @@
+"""torch.compile sees the ops as single nodes: no graph break, no recompile on a new token count."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from _numerics import randn
+
+
+class _CountingBackend:
+    """A torch.compile backend that counts compilations (graphs handed to it)."""
+
+    def __init__(self):
+        self.graphs = 0
+
+    def __call__(self, gm, example_inputs):
+        self.graphs += 1
+        return gm.forward
+
+
+def _mlp_fn(kernel):
+    def fn(x, wg, wu, wd, b):
+        y = kernel.geglu_mlp(x, wg, wu, wd, approximate="tanh")
+        z = kernel.linear(y, wd.t().contiguous(), None, activation="gelu_tanh")
+        out = torch.empty(*z.shape[:-1], z.shape[-1] // 2, dtype=z.dtype, device=z.device)
+        kernel.gelu_tanh_and_mul(out, z)
+        return kernel.geglu(out, out, approximate="none").sum() + b.sum()
+
+    return fn
+
+
+def test_fullgraph_dynamic_no_recompile(kernel, device):
+    torch._dynamo.reset()
+    counter = _CountingBackend()
+    fn = torch.compile(_mlp_fn(kernel), backend=counter, fullgraph=True, dynamic=True)
+    h, i = 16, 32
+    wg, wu = randn(i, h, device=device), randn(i, h, device=device)
+    wd, b = randn(h, i, device=device), randn(3, device=device)
+    eager = _mlp_fn(kernel)
+    for m in (5, 9, 17):
+        x = randn(m, h, device=device)
+        torch.testing.assert_close(fn(x, wg, wu, wd, b), eager(x, wg, wu, wd, b), rtol=1e-5, atol=1e-5)
+    assert counter.graphs == 1, f"recompiled: {counter.graphs} graphs for 3 token counts"
+
+
+def test_training_step_compiles_with_inductor(kernel, device):
+    torch._dynamo.reset()
+    h, i = 16, 24
+    wg = randn(i, h, device=device, scale=0.3, requires_grad=True)
+    wu = randn(i, h, device=device, scale=0.3, requires_grad=True)
+    wd = randn(h, i, device=device, scale=0.3, requires_grad=True)
+
+    def step(x):
+        return kernel.geglu_mlp(x, wg, wu, wd, approximate="tanh").square().sum()
+
+    compiled = torch.compile(step, fullgraph=True)
+    x = randn(7, h, device=device)
+    loss = compiled(x)
+    loss.backward()
+    grads = [p.grad.clone() for p in (wg, wu, wd)]
+    for p in (wg, wu, wd):
+        p.grad = None
+    step(x).backward()
+    for g, p in zip(grads, (wg, wu, wd)):
+        torch.testing.assert_close(g, p.grad, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("name", ["geglu_fwd_op", "geglu_packed_fwd_op", "linear_fwd_op", "geglu_mlp_fwd_op"])
+def test_opcheck(kernel, device, name):
+    """torch.library.opcheck: schema, fake tensors, autograd registration and AOT dispatch."""
+    op = getattr(torch.ops, kernel.OPS_ID)
+    x = randn(5, 12, device=device, requires_grad=True)
+    w = randn(6, 12, device=device, requires_grad=True)
+    args = {
+        "geglu_fwd_op": (x, randn(5, 12, device=device, requires_grad=True), "tanh", "auto"),
+        "geglu_packed_fwd_op": (x, "none", "auto"),
+        "linear_fwd_op": (x, w, randn(6, device=device, requires_grad=True), "gelu_tanh", True, "auto"),
+        "geglu_mlp_fwd_op": (x, w, randn(6, 12, device=device, requires_grad=True),
+                             randn(12, 6, device=device, requires_grad=True), None, None, None, "tanh", True, "auto"),
+    }[name]
+    torch.library.opcheck(getattr(op, name), args)
+
+
+@pytest.mark.gpu
+def test_cuda_graph_capture(kernel):
+    """The ops launch on the current stream with no host syncs, so they can be captured."""
+    h, i, m = 256, 512, 16
+    x = randn(m, h, device="cuda", dtype=torch.bfloat16)
+    wg, wu = randn(i, h, device="cuda", dtype=torch.bfloat16), randn(i, h, device="cuda", dtype=torch.bfloat16)
+    wd = randn(h, i, device="cuda", dtype=torch.bfloat16)
+    for backend in kernel.available_backends("cuda"):
+        fn = lambda: kernel.geglu_mlp(x, wg, wu, wd, backend=backend)  # noqa: E731
+        expected = fn()
+        s = torch.cuda.Stream()
+        s.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(s):
+            fn()
+        torch.cuda.current_stream().wait_stream(s)
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            out = fn()
+        x.copy_(randn(m, h, device="cuda", dtype=torch.bfloat16))
+        expected = fn()
+        g.replay()
+        torch.testing.assert_close(out, expected, rtol=2e-2, atol=2e-2)

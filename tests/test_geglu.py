@@ -1,0 +1,146 @@
+"""GeGLU pointwise ops (separate and packed forms), every backend of the loaded variant."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from _numerics import assert_close, randn
+
+BACKENDS = ["cuda", "triton", "cpu", "torch"]
+DTYPES = [torch.float32, torch.float16, torch.bfloat16]
+SHAPES = [(1, 1), (7, 33), (3, 5, 17), (64, 1001)]
+
+
+def _skip_unless(kernel, device, backend, dtype=None):
+    avail = kernel.available_backends(device)
+    if backend not in avail:
+        pytest.skip(f"backend {backend!r} is not in this variant for {device} (available: {avail})")
+    if backend == "triton" and device == "cpu" and dtype == torch.bfloat16:
+        pytest.skip("Triton's CPU interpreter mis-computes bf16; bf16 Triton runs on the GPU")
+
+
+def _eager(gate, up, approximate):
+    return F.gelu(gate, approximate=approximate) * up
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("approximate", ["none", "tanh"])
+@pytest.mark.parametrize("shape", SHAPES, ids=str)
+def test_geglu_forward_backward(kernel, device, backend, dtype, approximate, shape):
+    _skip_unless(kernel, device, backend, dtype)
+    gate = randn(*shape, dtype=dtype, device=device, scale=2.0, requires_grad=True)
+    up = randn(*shape, dtype=dtype, device=device, requires_grad=True)
+    out = kernel.geglu(gate, up, approximate=approximate, backend=backend)
+    assert kernel.last_backend("geglu") == backend
+    ref = kernel.reference.geglu_ref(gate.detach(), up.detach(), approximate)
+    eager = _eager(gate, up, approximate)
+    assert out.dtype == dtype and out.shape == gate.shape
+    assert_close(out, ref, eager, "geglu")
+
+    grad = randn(*shape, dtype=dtype, device=device)
+    dgate, dup = torch.autograd.grad(out, (gate, up), grad)
+    g64, u64 = gate.detach().double().requires_grad_(), up.detach().double().requires_grad_()
+    ref_dg, ref_du = torch.autograd.grad(kernel.reference.geglu_ref(g64, u64, approximate), (g64, u64), grad.double())
+    e_dg, e_du = torch.autograd.grad(eager, (gate, up), grad)
+    assert_close(dgate, ref_dg, e_dg, "d gate")
+    assert_close(dup, ref_du, e_du, "d up")
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("approximate", ["none", "tanh"])
+def test_packed_out_form_matches_kernels_community_api(kernel, device, backend, dtype, approximate):
+    """gelu_and_mul(out, x) / gelu_tanh_and_mul(out, x): x = [..., 2d], gate first, fills out."""
+    _skip_unless(kernel, device, backend, dtype)
+    x = randn(4, 3, 2 * 37, dtype=dtype, device=device, scale=2.0)
+    out = torch.full((4, 3, 37), float("nan"), dtype=dtype, device=device)  # sentinel: all must be written
+    fn = kernel.gelu_and_mul if approximate == "none" else kernel.gelu_tanh_and_mul
+    ret = fn(out, x, backend=backend)
+    assert ret is out
+    ref = kernel.reference.geglu_packed_ref(x, approximate)
+    assert_close(out, ref, _eager(x[..., :37], x[..., 37:], approximate), "gelu_and_mul")
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=str)
+def test_packed_backward_through_out_and_functional(kernel, device, backend, dtype):
+    _skip_unless(kernel, device, backend, dtype)
+    x = randn(9, 2 * 21, dtype=dtype, device=device, scale=2.0, requires_grad=True)
+    grad = randn(9, 21, dtype=dtype, device=device)
+    x64 = x.detach().double().requires_grad_()
+    (ref_dx,) = torch.autograd.grad(kernel.reference.geglu_packed_ref(x64, "tanh"), x64, grad.double())
+    (eager_dx,) = torch.autograd.grad(_eager(x[:, :21], x[:, 21:], "tanh"), x, grad)
+
+    (dx,) = torch.autograd.grad(kernel.geglu_packed(x, "tanh", backend=backend), x, grad)
+    assert_close(dx, ref_dx, eager_dx, "geglu_packed dx")
+
+    out = torch.empty(9, 21, dtype=dtype, device=device)
+    kernel.gelu_tanh_and_mul(out, x, backend=backend)
+    (dx_out,) = torch.autograd.grad(out, x, grad)
+    assert_close(dx_out, ref_dx, eager_dx, "gelu_tanh_and_mul(out, x) dx")
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_non_contiguous_inputs(kernel, device, backend):
+    _skip_unless(kernel, device, backend)
+    base = randn(6, 10, 2 * 13, device=device, scale=2.0)
+    cases = {
+        "strided rows x[::2]": (base[::2, :, :13], base[::2, :, 13:]),
+        "transposed": (base[..., :13].transpose(0, 1), base[..., 13:].transpose(0, 1)),
+        "last-dim stride 2": (base[..., ::2], base[..., 1::2]),
+    }
+    for name, (gate, up) in cases.items():
+        out = kernel.geglu(gate, up, approximate="none", backend=backend)
+        ref = kernel.reference.geglu_ref(gate, up, "none")
+        assert_close(out, ref, _eager(gate, up, "none"), name)
+
+
+def test_empty_and_single_row(kernel, device):
+    gate = randn(0, 8, device=device)
+    assert kernel.geglu(gate, gate.clone()).shape == (0, 8)
+    out = torch.empty(0, 4, device=device)
+    kernel.gelu_and_mul(out, randn(0, 8, device=device))
+
+
+def test_bad_input_errors_name_the_argument(kernel, device):
+    g = randn(4, 6, device=device)
+    with pytest.raises(TypeError, match="up has dtype torch.float16"):
+        kernel.geglu(g, g.half())
+    with pytest.raises(TypeError, match="gate must be float32, float16 or bfloat16"):
+        kernel.geglu(g.int(), g.int())
+    with pytest.raises(TypeError, match="up must be a torch.Tensor"):
+        kernel.geglu(g, [1.0])
+    with pytest.raises(ValueError, match="up is on meta"):
+        kernel.geglu(g, torch.empty(4, 6, device="meta"))
+    with pytest.raises(ValueError, match=r"same shape, got \(4, 6\) and \(4, 5\)"):
+        kernel.geglu(g, randn(4, 5, device=device))
+    with pytest.raises(ValueError, match="approximate must be"):
+        kernel.geglu(g, g, approximate="erf")
+    with pytest.raises(ValueError, match="even last dimension"):
+        kernel.gelu_and_mul(torch.empty(4, 3, device=device), randn(4, 7, device=device))
+    with pytest.raises(ValueError, match=r"out must have shape \(4, 3\)"):
+        kernel.gelu_and_mul(torch.empty(4, 4, device=device), g)
+    with pytest.raises(TypeError, match="out has dtype"):
+        kernel.gelu_and_mul(torch.empty(4, 3, device=device, dtype=torch.float16), g)
+    with pytest.raises(ValueError, match="out must be contiguous"):
+        kernel.gelu_and_mul(torch.empty(3, 4, device=device).t(), g)
+    with pytest.raises(ValueError, match="backend must be one of"):
+        kernel.geglu(g, g, backend="tpu")
+
+
+def test_unavailable_backend_is_refused(kernel, device):
+    missing = [b for b in BACKENDS if b not in kernel.available_backends(device)]
+    if not missing:
+        pytest.skip("every backend is available here")
+    g = randn(4, 6, device=device)
+    with pytest.raises(ValueError, match=f"backend {missing[0]!r} cannot run geglu"):
+        kernel.geglu(g, g, backend=missing[0])
+
+
+def test_env_var_forces_backend(kernel, device, monkeypatch):
+    g = randn(4, 6, device=device)
+    monkeypatch.setenv("FUSED_GEGLU_BACKEND", "torch")
+    kernel.geglu(g, g)
+    assert kernel.last_backend("geglu") == "torch"

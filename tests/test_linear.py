@@ -1,0 +1,77 @@
+"""``linear``: GEMM with bias/GELU epilogue; forward and all gradients, every backend."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from _numerics import assert_close, randn
+from test_geglu import BACKENDS, DTYPES, _skip_unless
+
+SHAPES = [((1, 1), 1), ((5, 7), 3), ((2, 9, 13), 11), ((33, 45), 29)]  # (x shape, N)
+
+
+def _eager(x, w, b, activation):
+    y = F.linear(x, w, b)
+    if activation == "gelu":
+        y = F.gelu(y)
+    elif activation == "gelu_tanh":
+        y = F.gelu(y, approximate="tanh")
+    return y
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("activation", [None, "gelu", "gelu_tanh"])
+@pytest.mark.parametrize("with_bias", [True, False], ids=["bias", "nobias"])
+@pytest.mark.parametrize("shape", SHAPES, ids=str)
+def test_linear_forward_backward(kernel, device, backend, dtype, activation, with_bias, shape):
+    _skip_unless(kernel, device, backend, dtype)
+    if backend == "cuda" and activation == "gelu":
+        pytest.skip("cuBLASLt has no exact-GELU epilogue (auto dispatch routes it to Triton)")
+    x_shape, n = shape
+    k = x_shape[-1]
+    x = randn(*x_shape, dtype=dtype, device=device, requires_grad=True)
+    w = randn(n, k, dtype=dtype, device=device, scale=k**-0.5, requires_grad=True)
+    b = randn(n, dtype=dtype, device=device, requires_grad=True) if with_bias else None
+    y = kernel.linear(x, w, b, activation=activation, backend=backend)
+    assert kernel.last_backend("linear") == backend
+    ref = kernel.reference.linear_ref(x.detach(), w.detach(), None if b is None else b.detach(), activation)
+    eager = _eager(x, w, b, activation)
+    assert_close(y, ref, eager, "linear")
+
+    params = [t for t in (x, w, b) if t is not None]
+    grad = randn(*y.shape, dtype=dtype, device=device)
+    ours = torch.autograd.grad(y, params, grad)
+    p64 = [t.detach().double().requires_grad_() for t in params]
+    ref_y = kernel.reference.linear_ref(p64[0], p64[1], p64[2] if with_bias else None, activation)
+    refs = torch.autograd.grad(ref_y, p64, grad.double())
+    eagers = torch.autograd.grad(eager, params, grad)
+    for name, o, r, e in zip(("dx", "dW", "db"), ours, refs, eagers):
+        assert_close(o, r, e, f"linear {name}")
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_linear_non_contiguous_x(kernel, device, backend):
+    _skip_unless(kernel, device, backend)
+    base = randn(8, 6, 40, device=device)
+    w = randn(12, 20, device=device, scale=0.2)
+    b = randn(12, device=device)
+    for name, x in {"x[::2]": base[::2, :, :20], "last-dim stride 2": base[..., ::2]}.items():
+        y = kernel.linear(x, w, b, backend=backend)
+        assert y.shape == (*x.shape[:-1], 12)
+        assert_close(y, kernel.reference.linear_ref(x, w, b), F.linear(x, w, b), name)
+
+
+def test_linear_bad_input(kernel, device):
+    x, w = randn(4, 6, device=device), randn(5, 6, device=device)
+    with pytest.raises(ValueError, match="x has 6 input features"):
+        kernel.linear(randn(4, 6, device=device), randn(5, 7, device=device))
+    with pytest.raises(ValueError, match=r"bias must have shape \(5,\)"):
+        kernel.linear(x, w, randn(4, device=device))
+    with pytest.raises(ValueError, match="weight must be 2-D"):
+        kernel.linear(x, randn(5, 6, 1, device=device))
+    with pytest.raises(TypeError, match="weight has dtype torch.bfloat16"):
+        kernel.linear(x, w.bfloat16())
+    with pytest.raises(ValueError, match="activation must be"):
+        kernel.linear(x, w, activation="relu")

@@ -1,0 +1,74 @@
+"""The staged build loads through every offline path users have."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import kernels
+import torch
+
+from conftest import REPO_ID
+
+
+def test_get_kernel_from_staged_cache(kernel, hub_cache):
+    assert kernel.__name__.startswith("_fused_geglu_")
+    assert "layers" in kernel.__all__
+    for fn in ("geglu", "gelu_and_mul", "gelu_tanh_and_mul", "linear", "geglu_mlp"):
+        assert callable(getattr(kernel, fn))
+    assert str(hub_cache) in kernel.__file__, "must come from the staged snapshot"
+    expected = "cuda" if torch.cuda.is_available() else "cpu"
+    assert f"_fused_geglu_{expected}_" in kernel.__name__
+
+
+def test_has_and_install_kernel_offline(hub_cache):
+    assert kernels.has_kernel(REPO_ID, version=1, trust_remote_code=True)
+    path = kernels.install_kernel(REPO_ID, version=1, local_files_only=True, trust_remote_code=True)
+    assert (path / "metadata.json").is_file() or any(path.rglob("metadata.json"))
+
+
+def test_missing_version_is_reported(hub_cache):
+    import pytest
+
+    with pytest.raises(Exception, match="2"):
+        kernels.get_kernel(REPO_ID, version=2, trust_remote_code=True)
+
+
+def _run(code: str, **env) -> subprocess.CompletedProcess:
+    full_env = {k: v for k, v in os.environ.items()}
+    full_env.update(env)
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=full_env)
+
+
+def test_local_kernels_override(build_dir):
+    # A separate process: one process can hold one copy of an ops namespace.
+    code = (
+        "import kernels, torch\n"
+        f"k = kernels.get_kernel({REPO_ID!r}, version=1)\n"
+        "g = torch.randn(3, 5)\n"
+        "print(k.__file__)\n"
+        "print(float((k.geglu(g, g) - k.reference.geglu_ref(g, g)).abs().max()))\n"
+    )
+    proc = _run(code, LOCAL_KERNELS=f"{REPO_ID}={build_dir}", HF_HUB_OFFLINE="1", HF_HUB_CACHE="/nonexistent")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    path, err = proc.stdout.split()
+    assert path.startswith(str(build_dir)) and float(err) < 1e-5
+
+
+def test_kernels_info_cli(hub_cache, build_dir):
+    """`kernels info` on the local checkout and, offline, on the staged Hub snapshot."""
+    cli = shutil.which("kernels", path=os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")]))
+    assert cli, "the kernels CLI is not installed next to this Python"
+    # kernels 0.17.2's `info` on a repo id lists the Hub tree even with HF_HUB_OFFLINE=1, so offline
+    # it is pointed at the staged snapshot folder (a repo with build/), which is what the cache holds.
+    repo_dir = hub_cache / ("kernels--" + REPO_ID.replace("/", "--"))
+    snapshot = repo_dir / "snapshots" / (repo_dir / "refs" / "v1").read_text().strip()
+    for target in ([str(build_dir.parent)], [str(snapshot)]):
+        proc = subprocess.run([cli, "info", *target, "--json"], capture_output=True, text=True)
+        assert proc.returncode == 0, f"kernels info {target}: {proc.stderr[-2000:]}"
+        info = json.loads(proc.stdout)
+        assert "fused-geglu" in json.dumps(info), info

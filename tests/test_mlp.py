@@ -1,0 +1,102 @@
+"""``geglu_mlp``: the whole down(gelu(gate(x)) * up(x)) block, forward and all gradients."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from _numerics import assert_close, randn
+from test_geglu import BACKENDS, DTYPES, _skip_unless
+
+SHAPES = [(1, 8, 16), (37, 45, 67), ((2, 5), 24, 40)]  # (tokens, H, I)
+
+
+def _params(h, i, dtype, device, biases):
+    wg = randn(i, h, dtype=dtype, device=device, scale=h**-0.5, requires_grad=True)
+    wu = randn(i, h, dtype=dtype, device=device, scale=h**-0.5, requires_grad=True)
+    wd = randn(h, i, dtype=dtype, device=device, scale=i**-0.5, requires_grad=True)
+    bs = [randn(n, dtype=dtype, device=device, scale=0.5, requires_grad=True) if biases else None for n in (i, i, h)]
+    return [wg, wu, wd, *bs]
+
+
+def _eager(x, wg, wu, wd, bg, bu, bd, approximate):
+    return F.linear(F.gelu(F.linear(x, wg, bg), approximate=approximate) * F.linear(x, wu, bu), wd, bd)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("approximate", ["tanh", "none"])
+@pytest.mark.parametrize("biases", [False, True], ids=["nobias", "bias"])
+@pytest.mark.parametrize("recompute", [False, True], ids=["save", "recompute"])
+@pytest.mark.parametrize("shape", SHAPES, ids=str)
+def test_geglu_mlp_forward_backward(kernel, device, backend, dtype, approximate, biases, recompute, shape):
+    _skip_unless(kernel, device, backend, dtype)
+    tokens, h, i = shape
+    lead = tokens if isinstance(tokens, tuple) else (tokens,)
+    x = randn(*lead, h, dtype=dtype, device=device, requires_grad=True)
+    params = _params(h, i, dtype, device, biases)
+    y = kernel.geglu_mlp(x, *params, approximate=approximate, recompute=recompute, backend=backend)
+    assert kernel.last_backend("geglu_mlp").split("+")[0].split(":")[0] == backend
+    det = [None if p is None else p.detach() for p in params]
+    ref = kernel.reference.geglu_mlp_ref(x.detach(), *det, approximate=approximate)
+    eager = _eager(x, *params, approximate)
+    assert y.shape == (*lead, h)
+    assert_close(y, ref, eager, "geglu_mlp")
+
+    leaves = [x] + [p for p in params if p is not None]
+    grad = randn(*y.shape, dtype=dtype, device=device)
+    ours = torch.autograd.grad(y, leaves, grad)
+    l64 = [t.detach().double().requires_grad_() for t in leaves]
+    it = iter(l64[1:])
+    p64 = [next(it) if p is not None else None for p in params]
+    refs = torch.autograd.grad(kernel.reference.geglu_mlp_ref(l64[0], *p64, approximate=approximate), l64, grad.double())
+    eagers = torch.autograd.grad(eager, leaves, grad)
+    names = ["dx", "dW_gate", "dW_up", "dW_down", "db_gate", "db_up", "db_down"]
+    for name, o, r, e in zip(names, ours, refs, eagers):
+        assert_close(o, r, e, f"geglu_mlp {name}")
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_geglu_mlp_non_contiguous_x(kernel, device, backend):
+    _skip_unless(kernel, device, backend)
+    base = randn(6, 4, 64, device=device)
+    params = [p.detach() for p in _params(32, 48, torch.float32, device, False)[:3]]
+    for name, x in {"x[::2]": base[::2, :, :32], "last-dim stride 2": base[..., ::2]}.items():
+        y = kernel.geglu_mlp(x, *params, backend=backend)
+        assert_close(y, kernel.reference.geglu_mlp_ref(x, *params), _eager(x, *params, None, None, None, "tanh"), name)
+
+
+def test_geglu_mlp_saves_only_preactivations(kernel, device):
+    """Training saves x and the gate/up pre-activations (2*M*I), not the M*I product h."""
+    m, h, i = 64, 32, 96
+    x = randn(m, h, device=device, requires_grad=True)
+    params = _params(h, i, torch.float32, device, False)[:3]
+    saved = []
+
+    def pack(t):
+        saved.append(t)
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        kernel.geglu_mlp(x, *params, backend="torch" if device == "cpu" else None)
+    sizes = sorted(t.numel() for t in saved)
+    assert sizes.count(m * i) == 2, f"expected gate and up pre-activations saved, got numel {sizes}"
+    saved.clear()
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        kernel.geglu_mlp(x, *params, recompute=True)
+    assert all(t.numel() != m * i for t in saved), "recompute=True must not save M*I tensors"
+
+
+def test_geglu_mlp_bad_input(kernel, device):
+    x = randn(4, 8, device=device)
+    wg, wu, wd = randn(16, 8, device=device), randn(16, 8, device=device), randn(8, 16, device=device)
+    with pytest.raises(ValueError, match=r"w_up must have shape \(16, 8\)"):
+        kernel.geglu_mlp(x, wg, randn(15, 8, device=device), wd)
+    with pytest.raises(ValueError, match=r"w_down must have shape \(8, 16\)"):
+        kernel.geglu_mlp(x, wg, wu, wg)
+    with pytest.raises(ValueError, match="x has 9 features"):
+        kernel.geglu_mlp(randn(4, 9, device=device), wg, wu, wd)
+    with pytest.raises(ValueError, match=r"b_down must have shape \(8,\)"):
+        kernel.geglu_mlp(x, wg, wu, wd, b_down=randn(16, device=device))
+    with pytest.raises(TypeError, match="w_down has dtype torch.float16"):
+        kernel.geglu_mlp(x, wg, wu, wd.half())

@@ -1,0 +1,61 @@
+"""The interleaved gate/up weight the sm90 CUTLASS kernel reads, cached outside the module.
+
+The kernel's epilogue pairs gate and up values held by one thread, which needs the two weights
+row-interleaved in blocks of 8 (``kernel_src/gemm_sm90/geglu_gateup_sm90.h`` has the layout). The
+host module keeps its own ``gate_proj``/``up_proj`` tensors untouched; the interleaved copy
+(``2·I·H`` values) lives here, keyed by the weights' identity and version counters, so an
+in-place update of a weight is picked up and a freed weight's entry is dropped.
+"""
+
+from __future__ import annotations
+
+import weakref
+
+import torch
+
+GROUP = 8
+_cache: dict[tuple[int, int], tuple] = {}
+
+
+def _interleave(w_gate: torch.Tensor, w_up: torch.Tensor) -> torch.Tensor:
+    i, h = w_gate.shape
+    return torch.stack([w_gate.reshape(i // GROUP, GROUP, h), w_up.reshape(i // GROUP, GROUP, h)], 1).reshape(2 * i, h)
+
+
+def _interleave_bias(b_gate, b_up):
+    if b_gate is None and b_up is None:
+        return None
+    i = (b_gate if b_gate is not None else b_up).shape[0]
+    zeros = None
+    bg = b_gate if b_gate is not None else (zeros := torch.zeros_like(b_up))
+    bu = b_up if b_up is not None else (zeros if zeros is not None else torch.zeros_like(b_gate))
+    return torch.stack([bg.reshape(i // GROUP, GROUP), bu.reshape(i // GROUP, GROUP)], 1).reshape(2 * i)
+
+
+def gateup_weight(w_gate: torch.Tensor, w_up: torch.Tensor) -> torch.Tensor:
+    key = (id(w_gate), id(w_up))
+    entry = _cache.get(key)
+    if entry is not None:
+        ref_g, ref_u, versions, packed = entry
+        if ref_g() is w_gate and ref_u() is w_up and versions == (w_gate._version, w_up._version):
+            return packed
+    with torch.no_grad():
+        packed = _interleave(w_gate.detach(), w_up.detach())
+    _cache[key] = (weakref.ref(w_gate, lambda _: _cache.pop(key, None)), weakref.ref(w_up),
+                   (w_gate._version, w_up._version), packed)
+    return packed
+
+
+def usable(x2: torch.Tensor, w_gate: torch.Tensor) -> bool:
+    i, h = w_gate.shape
+    return (x2.dtype in (torch.bfloat16, torch.float16) and i % GROUP == 0 and h % 8 == 0
+            and x2.stride(0) % 8 == 0 and x2.data_ptr() % 16 == 0
+            and torch.cuda.get_device_capability(x2.device) == (9, 0))
+
+
+def gateup_sm90(ops, x2, w_gate, w_up, b_gate, b_up, approximate: str) -> torch.Tensor:
+    m, i = x2.shape[0], w_gate.shape[0]
+    h_out = torch.empty((m, i), dtype=x2.dtype, device=x2.device)
+    ops.geglu_gateup_sm90(h_out, x2, gateup_weight(w_gate, w_up), _interleave_bias(b_gate, b_up),
+                          0 if approximate == "none" else 1, None)
+    return h_out
