@@ -26,10 +26,11 @@ for phase in "$@"; do
       ls -la build/*/ >> "$OUT/build.log"
       so=$(ls build/torch211-*/*.so 2>/dev/null | head -1)
       [ -n "$so" ] && cuobjdump --dump-sass "$so" 2>/dev/null | grep -E "HGMMA|UTMALDG" | sort | uniq -c | sort -rn | head -8 > "$OUT/sass_hgmma.txt"
+      tar czf "$OUT/build-cu.tgz" build/torch211-* build/torch-cuda 2>/dev/null
       summary+=("build rc=$rc $(($(date +%s)-start))s so=$(du -h ${so:-/dev/null} | cut -f1) hgmma_lines=$(wc -l < "$OUT/sass_hgmma.txt" 2>/dev/null)")
       ;;
     test)
-      python3 -m pytest tests -q -p no:cacheprovider -o addopts="" -rfE --durations=15 ${PYTEST_ARGS:-} 2>&1 | tee "$OUT/test.log" | tail -40
+      timeout ${TEST_TIMEOUT:-330} python3 -m pytest tests -q -p no:cacheprovider -o addopts="" -rfE --durations=15 --maxfail=40 ${PYTEST_ARGS:-} 2>&1 | tee "$OUT/test.log" | tail -40
       summary+=("test $(tail -1 "$OUT/test.log") $(($(date +%s)-start))s")
       ;;
     selftest)
