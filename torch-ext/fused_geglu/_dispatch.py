@@ -52,6 +52,15 @@ def triton_usable(device_type: str) -> bool:
     return os.environ.get("TRITON_INTERPRET") == "1"
 
 
+def cublaslt_enabled() -> bool:
+    """The cuBLASLt linear (kernel_src/linear_cublaslt) is opt-in: ``FUSED_GEGLU_CUBLASLT=1``.
+
+    Its first run on the H200 (torch 2.11+cu130, 2026-12-02) crashed inside the op, so it stays
+    out of every default path until it passes there; the Triton linear serves CUDA meanwhile.
+    """
+    return os.environ.get("FUSED_GEGLU_CUBLASLT") == "1" and compiled_has("linear_lt", "cuda")
+
+
 def available_backends(device) -> list[str]:
     """Backends that can run on ``device`` in this variant, fastest-first."""
     device_type = torch.device(device).type

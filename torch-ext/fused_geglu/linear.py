@@ -24,13 +24,15 @@ def _pick(device: torch.device, backend: str, activation: str) -> str:
     if backend == "auto":
         avail = _dispatch.available_backends(device)
         # cuBLASLt has only a tanh-GELU epilogue; exact GELU goes to Triton.
-        if "cuda" in avail and _dispatch.compiled_has("linear_lt", "cuda") and activation != "gelu":
+        if "cuda" in avail and _dispatch.cublaslt_enabled() and activation != "gelu":
             return "cuda"
         for cand in ("triton", "cpu", "torch"):
             if cand in avail:
                 return cand
     if backend == "cuda":
         _dispatch.check_available("linear", device, backend, needs_compiled=("linear_lt",))
+        if not _dispatch.cublaslt_enabled():
+            raise ValueError("backend 'cuda' for linear (cuBLASLt) is opt-in: set FUSED_GEGLU_CUBLASLT=1")
         if activation == "gelu":
             raise ValueError("backend 'cuda' (cuBLASLt) has no exact-GELU epilogue; use activation="
                              "'gelu_tanh' or backend='triton'")
@@ -104,7 +106,7 @@ def linear_bwd_op(grad_out: torch.Tensor, x: torch.Tensor, weight: torch.Tensor,
         if activation != "none":
             g = (g2.float() * gelu_grad(preact.float(), _GELU_APPROX[activation])).to(x.dtype)
         torch.mm(g, weight, out=dx)
-        if backend == "cuda" and _dispatch.compiled_has("linear_lt_bwd_weight", "cuda"):
+        if backend == "cuda" and _dispatch.cublaslt_enabled():
             ops.linear_lt_bwd_weight(dw, db if has_bias else None, g, x2)  # BGRADB epilogue
         else:
             torch.mm(g.t(), x2, out=dw)
