@@ -30,8 +30,8 @@ for phase in "$@"; do
       summary+=("build rc=$rc $(($(date +%s)-start))s so=$(du -h ${so:-/dev/null} | cut -f1) hgmma_lines=$(wc -l < "$OUT/sass_hgmma.txt" 2>/dev/null)")
       ;;
     test)
-      timeout ${TEST_TIMEOUT:-330} python3 -m pytest tests -q -p no:cacheprovider -o addopts="" -rfE --durations=15 --maxfail=40 ${PYTEST_ARGS:-} 2>&1 | tee "$OUT/test.log" | tail -40
-      summary+=("test $(tail -1 "$OUT/test.log") $(($(date +%s)-start))s")
+      timeout ${TEST_TIMEOUT:-330} python3 -m pytest tests -q -p no:cacheprovider -o addopts="" -rfE -v --tb=line --durations=15 --maxfail=40 ${PYTEST_ARGS:-} 2>&1 | tee "$OUT/test.log" | tail -40
+      summary+=("test $(grep -c ' PASSED' "$OUT/test.log") passed, $(grep -c ' FAILED' "$OUT/test.log") failed, $(grep -c ' SKIPPED' "$OUT/test.log") skipped; $(tail -1 "$OUT/test.log" | cut -c1-200) $(($(date +%s)-start))s")
       ;;
     selftest)
       # One process per check group: a crash in one op must not hide the others' results.
@@ -57,11 +57,11 @@ PY
       summary+=("selftest $(grep -E ' exit [0-9]+$| ok$' "$OUT/selftest.log" | tr '\n' ';') $(($(date +%s)-start))s")
       ;;
     bench)
-      python3 benchmarks/compare.py --out "$OUT" --budget-s ${BENCH_BUDGET:-420} ${BENCH_ARGS:-} 2>&1 | tee "$OUT/bench.log" | tail -60
+      timeout ${BENCH_TIMEOUT:-500} python3 benchmarks/compare.py --out "$OUT" --budget-s ${BENCH_BUDGET:-420} ${BENCH_ARGS:-} 2>&1 | tee "$OUT/bench.log" | tail -60
       summary+=("bench $(($(date +%s)-start))s")
       ;;
     e2e)
-      python3 benchmarks/e2e_gemma.py --out "$OUT" 2>&1 | tee "$OUT/e2e.log" | tail -30
+      timeout ${E2E_TIMEOUT:-200} python3 benchmarks/e2e_gemma.py --out "$OUT" 2>&1 | tee "$OUT/e2e.log" | tail -30
       summary+=("e2e $(($(date +%s)-start))s")
       ;;
     *) echo "unknown phase $phase"; exit 2;;

@@ -73,9 +73,11 @@ def detect() -> Toolchain:
         for sub in ("lib64", "targets/x86_64-linux/lib", "lib"):
             if (cuda_home / sub).is_dir():
                 cuda_libs.append(str(cuda_home / sub))
+    # The nvidia-* wheels first: their cuBLASLt is the copy torch itself loads, and one process
+    # must not end up with two cuBLAS builds (the toolkit's and the wheel's).
     wheel_inc, wheel_lib = _nvidia_wheel_dirs()
-    cuda_includes += wheel_inc
-    cuda_libs += wheel_lib
+    cuda_includes = wheel_inc + cuda_includes
+    cuda_libs = wheel_lib + cuda_libs
     return Toolchain(
         cxx=cxx,
         nvcc=nvcc,
@@ -156,11 +158,10 @@ def _nvidia_wheel_dirs() -> tuple[list[str], list[str]]:
 
 def cublaslt_link_flags(library_dirs: tuple[str, ...]) -> list[str]:
     """``-lcublasLt`` where a dev symlink exists, else the versioned file (wheels ship only that)."""
-    for d in library_dirs:
-        if (Path(d) / "libcublasLt.so").exists():
-            return ["-lcublasLt"]
-    for d in library_dirs:
+    for d in library_dirs:  # in order: the wheel's (torch's own copy) before the toolkit's
         versioned = sorted(Path(d).glob("libcublasLt.so.*"))
         if versioned:
-            return [f"-l:{versioned[0].name}", f"-Wl,-rpath,{d}"]
+            return [f"-L{d}", f"-l:{versioned[0].name}", f"-Wl,-rpath,{d}"]
+        if (Path(d) / "libcublasLt.so").exists():
+            return [f"-L{d}", "-lcublasLt"]
     raise ToolchainError("libcublasLt not found (CUDA toolkit lib64 or the nvidia-cublas wheel)")
