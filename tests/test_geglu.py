@@ -30,6 +30,8 @@ def _eager(gate, up, approximate):
 @pytest.mark.parametrize("shape", SHAPES, ids=str)
 def test_geglu_forward_backward(kernel, device, backend, dtype, approximate, shape):
     _skip_unless(kernel, device, backend, dtype)
+    if backend == "triton" and device == "cpu" and len(shape) == 2:
+        shape = (min(shape[0], 8), shape[1])  # the interpreter is slow: fewer rows, same odd width
     gate = randn(*shape, dtype=dtype, device=device, scale=2.0, requires_grad=True)
     up = randn(*shape, dtype=dtype, device=device, requires_grad=True)
     out = kernel.geglu(gate, up, approximate=approximate, backend=backend)

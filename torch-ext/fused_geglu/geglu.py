@@ -10,19 +10,24 @@ from __future__ import annotations
 import torch
 
 from . import _checks, _dispatch
-from ._ops import add_op_namespace_prefix, ops
+from ._ops import ops
+from ._opdef import custom_op
 from ._views import rows
+from .policy import backend_for
 from .reference import gelu, gelu_grad
 
 _APPROX_CODE = {"none": 0, "tanh": 1}
 
 
-def _pick(device: torch.device, backend: str) -> str:
+def _pick(device: torch.device, backend: str, direction: str = "fwd", numel: int = 0) -> str:
     backend = _dispatch.requested(backend)
     if backend == "auto":
-        # The compiled kernels (16-byte vectorised CUDA, or threaded C++ on CPU) are written for
-        # exactly this op; Triton only when no compiled variant is loaded.
         avail = _dispatch.available_backends(device)
+        if device.type == "cuda":
+            # Measured per size (policy_sm90.json): Triton wins on large tensors, CUDA on small.
+            choice = backend_for(f"geglu_{direction}", device, "cuda", numel=numel)
+            if choice in avail:
+                return choice
         for cand in ("cuda", "cpu", "triton", "torch"):
             if cand in avail:
                 return cand
@@ -62,9 +67,9 @@ def _bwd_into(dgate2, dup2, grad2, gate2, up2, approximate: str, backend: str) -
 
 # ---- separate (gate, up) ------------------------------------------------------------------------
 
-@torch.library.custom_op(add_op_namespace_prefix("geglu_fwd_op"), mutates_args=())
+@custom_op("geglu_fwd_op", mutates_args=())
 def geglu_fwd_op(gate: torch.Tensor, up: torch.Tensor, approximate: str, backend: str) -> torch.Tensor:
-    backend = _pick(gate.device, backend)
+    backend = _pick(gate.device, backend, "fwd", gate.numel())
     out = torch.empty(gate.shape, dtype=gate.dtype, device=gate.device)
     _fwd_into(rows(out), rows(gate), rows(up), approximate, backend)
     _dispatch.record("geglu", backend)
@@ -76,10 +81,10 @@ def _(gate, up, approximate, backend):
     return gate.new_empty(gate.shape)
 
 
-@torch.library.custom_op(add_op_namespace_prefix("geglu_bwd_op"), mutates_args=())
+@custom_op("geglu_bwd_op", mutates_args=())
 def geglu_bwd_op(grad_out: torch.Tensor, gate: torch.Tensor, up: torch.Tensor, approximate: str,
                  backend: str) -> tuple[torch.Tensor, torch.Tensor]:
-    backend = _pick(gate.device, backend)
+    backend = _pick(gate.device, backend, "bwd", gate.numel())
     dgate = torch.empty(gate.shape, dtype=gate.dtype, device=gate.device)
     dup = torch.empty(up.shape, dtype=up.dtype, device=up.device)
     _bwd_into(rows(dgate), rows(dup), rows(grad_out), rows(gate), rows(up), approximate, backend)
@@ -113,9 +118,9 @@ def _halves(x2: torch.Tensor):
     return x2[:, :d], x2[:, d:]
 
 
-@torch.library.custom_op(add_op_namespace_prefix("geglu_packed_fwd_op"), mutates_args=())
+@custom_op("geglu_packed_fwd_op", mutates_args=())
 def geglu_packed_fwd_op(x: torch.Tensor, approximate: str, backend: str) -> torch.Tensor:
-    backend = _pick(x.device, backend)
+    backend = _pick(x.device, backend, "fwd", x.numel() // 2)
     out = torch.empty((*x.shape[:-1], x.shape[-1] // 2), dtype=x.dtype, device=x.device)
     gate2, up2 = _halves(rows(x))
     _fwd_into(rows(out), gate2, up2, approximate, backend)
@@ -128,9 +133,9 @@ def _(x, approximate, backend):
     return x.new_empty((*x.shape[:-1], x.shape[-1] // 2))
 
 
-@torch.library.custom_op(add_op_namespace_prefix("geglu_packed_bwd_op"), mutates_args=())
+@custom_op("geglu_packed_bwd_op", mutates_args=())
 def geglu_packed_bwd_op(grad_out: torch.Tensor, x: torch.Tensor, approximate: str, backend: str) -> torch.Tensor:
-    backend = _pick(x.device, backend)
+    backend = _pick(x.device, backend, "bwd", x.numel() // 2)
     dx = torch.empty(x.shape, dtype=x.dtype, device=x.device)
     dgate2, dup2 = _halves(rows(dx))
     gate2, up2 = _halves(rows(x))
@@ -157,9 +162,9 @@ def _packed_backward(ctx, grad_out):
 geglu_packed_fwd_op.register_autograd(_packed_backward, setup_context=_packed_setup)
 
 
-@torch.library.custom_op(add_op_namespace_prefix("gelu_and_mul_out_op"), mutates_args=("out",))
+@custom_op("gelu_and_mul_out_op", mutates_args=("out",))
 def gelu_and_mul_out_op(out: torch.Tensor, x: torch.Tensor, approximate: str, backend: str) -> None:
-    backend = _pick(x.device, backend)
+    backend = _pick(x.device, backend, "fwd", out.numel())
     gate2, up2 = _halves(rows(x))
     _fwd_into(out.view(-1, out.shape[-1]), gate2, up2, approximate, backend)
     _dispatch.record("gelu_and_mul", backend)

@@ -12,7 +12,8 @@ import torch
 import torch.nn.functional as F
 
 from . import _checks, _dispatch
-from ._ops import add_op_namespace_prefix, ops
+from ._ops import ops
+from ._opdef import custom_op
 from ._views import rows
 from .reference import gelu_grad
 
@@ -50,7 +51,7 @@ def _aten_forward(x2, weight, bias, activation, preact):
     return F.gelu(y, approximate=_GELU_APPROX[activation])
 
 
-@torch.library.custom_op(add_op_namespace_prefix("linear_fwd_op"), mutates_args=())
+@custom_op("linear_fwd_op", mutates_args=())
 def linear_fwd_op(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, activation: str,
                   save_preact: bool, backend: str) -> tuple[torch.Tensor, torch.Tensor]:
     backend = _pick(x.device, backend, activation)
@@ -80,7 +81,7 @@ def _(x, weight, bias, activation, save_preact, backend):
     return x.new_empty((*x.shape[:-1], n)), x.new_empty((m, n) if keep else (0,))
 
 
-@torch.library.custom_op(add_op_namespace_prefix("linear_bwd_op"), mutates_args=())
+@custom_op("linear_bwd_op", mutates_args=())
 def linear_bwd_op(grad_out: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, preact: torch.Tensor,
                   has_bias: bool, activation: str, backend: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     backend = _pick(x.device, backend, activation)

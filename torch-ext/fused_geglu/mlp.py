@@ -22,7 +22,8 @@ import torch
 from . import _checks, _dispatch
 from . import geglu as _geglu
 from . import sm90_weights
-from ._ops import add_op_namespace_prefix, ops
+from ._ops import ops
+from ._opdef import custom_op
 from ._views import rows
 from .policy import mlp_backend_for
 
@@ -32,7 +33,7 @@ def _pick(device: torch.device, backend: str, m: int, h: int, i: int) -> str:
     avail = _dispatch.available_backends(device)
     if backend == "auto":
         if device.type == "cuda":
-            choice = mlp_backend_for(m, h, i)  # measured table: "triton" or "cuda" (GEMMs + pointwise)
+            choice = mlp_backend_for(m, h, i, device)  # measured: policy_sm90.json
             if choice in avail:
                 return choice
             return "triton" if "triton" in avail else "torch"
@@ -52,7 +53,7 @@ def _gemm_forward(x2, wg, wu, wd, bg, bu, bd, approximate, pointwise):
     return _addmm(bd, h, wd), gate, up
 
 
-@torch.library.custom_op(add_op_namespace_prefix("geglu_mlp_fwd_op"), mutates_args=())
+@custom_op("geglu_mlp_fwd_op", mutates_args=())
 def geglu_mlp_fwd_op(x: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor, w_down: torch.Tensor,
                      b_gate: torch.Tensor | None, b_up: torch.Tensor | None, b_down: torch.Tensor | None,
                      approximate: str, save_preact: bool, backend: str
@@ -100,7 +101,7 @@ def _(x, w_gate, w_up, w_down, b_gate, b_up, b_down, approximate, save_preact, b
     return x.new_empty((*x.shape[:-1], h)), x.new_empty(pre), x.new_empty(pre)
 
 
-@torch.library.custom_op(add_op_namespace_prefix("geglu_mlp_bwd_op"), mutates_args=())
+@custom_op("geglu_mlp_bwd_op", mutates_args=())
 def geglu_mlp_bwd_op(grad_y: torch.Tensor, x: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor,
                      w_down: torch.Tensor, b_gate: torch.Tensor | None, b_up: torch.Tensor | None,
                      gate: torch.Tensor, up: torch.Tensor, approximate: str, recompute: bool,
@@ -117,6 +118,7 @@ def geglu_mlp_bwd_op(grad_y: torch.Tensor, x: torch.Tensor, w_gate: torch.Tensor
     dgu = torch.empty((m, 2 * i), dtype=dt, device=dev)  # dgate | dup in one buffer
     dgate, dup = dgu[:, :i], dgu[:, i:]
     hid = torch.empty((m, i), dtype=dt, device=dev)
+    # Order matters for peak memory: each M*I temporary is freed before the next is made.
     if backend == "triton":
         from .triton_kernels import mlp as tk_mlp
 
@@ -124,14 +126,19 @@ def geglu_mlp_bwd_op(grad_y: torch.Tensor, x: torch.Tensor, w_gate: torch.Tensor
             gate = torch.empty((m, i), dtype=dt, device=dev)
             up = torch.empty((m, i), dtype=dt, device=dev)
             tk_mlp.gateup_fwd(hid, x2, w_gate, w_up, b_gate, b_up, approximate, gate, up)
-        tk_mlp.dh_bwd(dgate, dup, hid, dy, w_down, gate, up, approximate)
+        tk_mlp.dh_bwd(dgate, dup, hid, dy, w_down, gate, up, approximate)  # dh stays on chip
+        d_w_down = dy.t() @ hid
+        del hid
     else:
         if recompute:
             gate, up = _addmm(b_gate, x2, w_gate), _addmm(b_up, x2, w_up)
+        _geglu._fwd_into(hid, gate, up, approximate, backend)
+        d_w_down = dy.t() @ hid
+        del hid
         dh = dy @ w_down
         _geglu._bwd_into(dgate, dup, dh, gate, up, approximate, backend)
-        _geglu._fwd_into(hid, gate, up, approximate, backend)
-    d_w_down = dy.t() @ hid
+        del dh
+    del gate, up
     dx = dgate @ w_gate
     dx.addmm_(dup, w_up)
     d_w_gate = dgate.t() @ x2

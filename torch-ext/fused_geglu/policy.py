@@ -1,8 +1,8 @@
 """Measured dispatch policy for the auto backend on CUDA, kept as data (``policy_sm90.json``).
 
-Each rule says which implementation of ``geglu_mlp`` won for a range of token counts M on a GPU
-generation; the numbers behind each rule are in ``benchmarks/results/``. Without a rule for the
-device the fused Triton kernel is used.
+Each rule says which implementation won for a range of sizes on a GPU generation; the run behind
+each rule is named in the JSON (``benchmarks/results/``). The first matching rule wins; without one,
+the fallback given by the caller is used.
 """
 
 from __future__ import annotations
@@ -15,19 +15,24 @@ import torch
 
 
 @lru_cache(maxsize=None)
-def _rules(capability: tuple[int, int]) -> tuple[dict, ...]:
+def _rules(capability: tuple[int, int]) -> dict:
     path = Path(__file__).with_name(f"policy_sm{capability[0]}{capability[1]}.json")
     if not path.is_file():
-        return ()
-    return tuple(json.loads(path.read_text()).get("geglu_mlp", ()))
+        return {}
+    return json.loads(path.read_text())
 
 
-def mlp_backend_for(m: int, h: int, i: int) -> str:
-    """"triton" (fused kernels) or "cuda" (cuBLAS GEMMs + compiled pointwise) for this shape."""
-    if not torch.cuda.is_available():
-        return "triton"
-    for rule in _rules(torch.cuda.get_device_capability()):
-        if rule.get("min_m", 0) <= m <= rule.get("max_m", 1 << 62) and \
-                rule.get("min_h", 0) <= h <= rule.get("max_h", 1 << 62):
+def backend_for(op: str, device: torch.device, fallback: str, **sizes: int) -> str:
+    """The measured winner for ``op`` at ``sizes`` (e.g. ``m=``, ``h=``, ``numel=``) on ``device``."""
+    if device.type != "cuda":
+        return fallback
+    for rule in _rules(torch.cuda.get_device_capability(device)).get(op, ()):
+        if all(rule.get(f"min_{k}", 0) <= v <= rule.get(f"max_{k}", 1 << 62) for k, v in sizes.items()):
             return rule["backend"]
-    return "triton"
+    return fallback
+
+
+def mlp_backend_for(m: int, h: int, i: int, device: torch.device | None = None) -> str:
+    """"triton" (fused kernels) or "cuda" (sm90 CUTLASS / cuBLAS + compiled pointwise)."""
+    device = device or torch.device("cuda", torch.cuda.current_device())
+    return backend_for("geglu_mlp", device, "triton", m=m, h=h)
