@@ -30,7 +30,7 @@ for phase in "$@"; do
       summary+=("build rc=$rc $(($(date +%s)-start))s so=$(du -h ${so:-/dev/null} | cut -f1) hgmma_lines=$(wc -l < "$OUT/sass_hgmma.txt" 2>/dev/null)")
       ;;
     test)
-      timeout ${TEST_TIMEOUT:-330} python3 -m pytest tests -q -p no:cacheprovider -o addopts="" -rfE -v --tb=line --durations=15 --maxfail=40 ${PYTEST_ARGS:-} 2>&1 | tee "$OUT/test.log" | tail -40
+      timeout ${TEST_TIMEOUT:-330} python3 -m pytest tests -q -p no:cacheprovider -o addopts="" -rfE -v --tb=line --durations=15 --maxfail=40 ${PYTEST_K:+-k "$PYTEST_K"} ${PYTEST_ARGS:-} 2>&1 | tee "$OUT/test.log" | tail -40
       summary+=("test $(grep -c ' PASSED' "$OUT/test.log") passed, $(grep -c ' FAILED' "$OUT/test.log") failed, $(grep -c ' SKIPPED' "$OUT/test.log") skipped; $(tail -1 "$OUT/test.log" | cut -c1-200) $(($(date +%s)-start))s")
       ;;
     selftest)

@@ -21,6 +21,16 @@ import torch
 from ._ops import add_op_namespace_prefix
 
 
+_PLAIN = (torch.Tensor, torch.nn.Parameter)
+
+
+def _tracing(args) -> bool:
+    """Whether anything traces this call (dynamo, AOT/make_fx, fake or functional tensors): then
+    only the registered custom op will do, since the implementation needs real data."""
+    return (torch.compiler.is_compiling() or torch._C._len_torch_dispatch_stack() > 0
+            or any(isinstance(a, torch.Tensor) and type(a) not in _PLAIN for a in args))
+
+
 class DualOp:
     def __init__(self, name: str, impl: Callable, mutates_args=()):
         self.name = name
@@ -52,7 +62,7 @@ class DualOp:
         self._function = _Function
 
     def __call__(self, *args):
-        if torch.compiler.is_compiling():
+        if _tracing(args):
             return self.op(*args)
         if self._function is not None and torch.is_grad_enabled() and any(
                 isinstance(a, torch.Tensor) and a.requires_grad for a in args):
