@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -58,7 +59,7 @@ def test_build_layout_and_metadata(build_dir, repo_root):
         assert {"__init__.py", "_ops.py", "layers.py", "triton_kernels/geglu.py"} <= set(meta["digest"]["files"])
         assert not any(p.name in ("torch_binding.cpp", "registration.h") for p in path.rglob("*"))
         if ident.commit is not None:  # inside git: the build records the commit it came from
-            assert meta["provenance"]["kernel"]["commit"] == ident.commit
+            assert meta["provenance"]["kernel"]["commit"] == ident.commit, "build/ is from another commit: run make build"
         if not v.noarch:
             so = path / f"{meta['id']}.abi3.so"
             assert so.is_file(), f"{name}: the .so must be named after the ops id"
@@ -86,10 +87,11 @@ def _copy_sources(repo_root, dest):
 
 
 def _build(dest, repo_root, *args):
-    env_path = f"{repo_root / 'src'}"
+    # The child must see the same packages (kernels' build.toml parser among them) as this process.
+    path = os.pathsep.join([str(repo_root / "src"), *sys.path[1:]])
+    env = {**os.environ, "PYTHONPATH": path, "FUSED_GEGLU_ROOT": str(dest)}
     return subprocess.run([sys.executable, "-m", "fused_geglu_tools", "build", *args], cwd=dest,
-                          capture_output=True, text=True, env={"PYTHONPATH": env_path, "PATH": "/usr/bin:/bin",
-                                                                "FUSED_GEGLU_ROOT": str(dest)})
+                          capture_output=True, text=True, env=env)
 
 
 def test_invalid_build_toml_fails_the_build(tmp_path, repo_root):

@@ -4,10 +4,8 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
-from pathlib import Path
 
 import kernels
 import torch
@@ -61,14 +59,14 @@ def test_local_kernels_override(build_dir):
 
 def test_kernels_info_cli(hub_cache, build_dir):
     """`kernels info` on the local checkout and, offline, on the staged Hub snapshot."""
-    cli = shutil.which("kernels", path=os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")]))
-    assert cli, "the kernels CLI is not installed next to this Python"
+    # The `kernels` console script's entry point, run with this Python (works for --target installs too).
+    cli = [sys.executable, "-c", "import sys; from kernels.cli import main; sys.exit(main())"]
     # kernels 0.17.2's `info` on a repo id lists the Hub tree even with HF_HUB_OFFLINE=1, so offline
     # it is pointed at the staged snapshot folder (a repo with build/), which is what the cache holds.
     repo_dir = hub_cache / ("kernels--" + REPO_ID.replace("/", "--"))
     snapshot = repo_dir / "snapshots" / (repo_dir / "refs" / "v1").read_text().strip()
     for target in ([str(build_dir.parent)], [str(snapshot)]):
-        proc = subprocess.run([cli, "info", *target, "--json"], capture_output=True, text=True)
+        proc = subprocess.run([*cli, "info", *target, "--json"], capture_output=True, text=True)
         assert proc.returncode == 0, f"kernels info {target}: {proc.stderr[-2000:]}"
         info = json.loads(proc.stdout)
         assert "fused-geglu" in json.dumps(info), info
