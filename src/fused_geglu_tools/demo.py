@@ -86,6 +86,8 @@ def _kernelize_gemma(torch, device: str) -> None:
     except ImportError as exc:
         print(f"(transformers not installed: {exc}; skipping the kernelize demo)")
         return
+    from kernels import Mode
+
     from . import transformers as integration
 
     torch.manual_seed(0)
@@ -95,7 +97,7 @@ def _kernelize_gemma(torch, device: str) -> None:
     prompt = torch.randint(0, 128, (1, 8), device=device)
     with torch.no_grad():
         before = model.generate(prompt, max_new_tokens=12, do_sample=False)
-    report = integration.kernelize(model, mode="inference", device=device, source="hub")
+    report = integration.kernelize(model, mode=Mode.INFERENCE, device=device, source="hub")
     print(report)
     with torch.no_grad():
         after = model.generate(prompt, max_new_tokens=12, do_sample=False)
