@@ -88,18 +88,19 @@ def _run(cmd: list[str], what: str) -> None:
     _log(f"{what} ({time.monotonic() - t0:.0f} s)")
 
 
-def _run_cached(cmd: list[str], what: str, cache: Path, ops_id: str) -> None:
+def _run_cached(cmd: list[str], what: str, cache: Path, salt: str) -> None:
     """Compile, reusing an object from ``build/.objcache`` when nothing that feeds it changed.
 
-    Only kernel sources are cached: the binding depends on the ops id, which changes with every
-    commit. The key covers the command line and every file in the source's folder plus the
-    binding header (the headers a kernel source can include from this repository).
+    Only kernel sources are cached: the binding (torch-ext/) is compiled with the ops id, which
+    changes with every commit, and compiles in seconds. The key covers the torch version
+    (``salt``), the command line without the ops id, and every file in the source's folder (the
+    headers a kernel source includes from this repository live beside it).
     """
     src, obj = Path(cmd[cmd.index("-o") - 1]), Path(cmd[cmd.index("-o") + 1])
-    if any(ops_id in part for part in cmd if part.endswith(src.name)) or "torch-ext" in src.parts:
+    if "torch-ext" in src.parts:
         return _run(cmd, what)
-    h = hashlib.sha256(" ".join(c for c in cmd if not c.startswith(("-DTORCH_EXTENSION_NAME=", "-o"))
-                                and c != str(obj)).encode())
+    h = hashlib.sha256(salt.encode())
+    h.update(" ".join(c for c in cmd if not c.startswith("-DTORCH_EXTENSION_NAME=") and c != str(obj)).encode())
     for dep in sorted(src.parent.iterdir()):
         if dep.is_file():
             h.update(dep.name.encode() + dep.read_bytes())
@@ -162,7 +163,10 @@ def _compile_shared_object(
 
     cache = out.parent.parent.parent / ".objcache"  # build/.objcache (out = build/.partial-*/variant/x.so)
     with ThreadPoolExecutor(max_workers=max(1, os.cpu_count() or 1)) as pool:
-        futures = [pool.submit(_run_cached, cmd, what, cache, ops_id) for cmd, what in jobs]
+        import torch
+
+        salt = f"torch {torch.__version__} cuda {tc.torch_cuda}"
+        futures = [pool.submit(_run_cached, cmd, what, cache, salt) for cmd, what in jobs]
         errors = []
         for fut in futures:
             try:
