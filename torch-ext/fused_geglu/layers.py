@@ -5,8 +5,9 @@ members but ``forward``, ``has_backward`` and ``can_torch_compile``; ``forward``
 arity as the forward it replaces; all state is read from the host module's own attributes.
 
 Every layer checks, per call, that the fused computation is exactly what the host would compute
-(a GELU it recognises, plain dense weights, no autocast, dropout inactive where it would matter)
-and otherwise runs the host's original math, so a replacement can never change results. The
+(a GELU it recognises, plain dense weights, no autocast, no dropout active, no activation
+sparsity) and otherwise calls the host class's own ``forward`` (kernelize replaces the instance's
+``forward`` only), so a replacement can never change results. The
 transformers integration also refuses such modules up front (``condition=``), so this is a
 backstop, not the plan.
 """
@@ -60,6 +61,15 @@ def _bias(lin: nn.Linear):
     return lin.bias
 
 
+def _host_forward(module: nn.Module, layer_cls: type, plain, *args):
+    """The host class's own forward; ``plain`` (the same math in PyTorch) when there is no host,
+    i.e. the layer class itself is being used as a module."""
+    forward = type(module).forward
+    if forward is layer_cls.forward:
+        return plain(*args)
+    return forward(module, *args)
+
+
 class GeGLUMLP(nn.Module):
     """``down_proj(act_fn(gate_proj(x)) * up_proj(x))`` for Gemma-style MLPs (biases optional).
 
@@ -77,8 +87,12 @@ class GeGLUMLP(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         approx = gelu_approximation(self.act_fn)
-        if approx is None or not _fusable(x, self.gate_proj, self.up_proj, self.down_proj):
-            return self.down_proj(self.act_fn(self.gate_proj(x)) * self.up_proj(x))
+        dropout = getattr(self, "dropout", None)  # T5Gemma: dropout between act*up and down
+        if (approx is None or not _fusable(x, self.gate_proj, self.up_proj, self.down_proj)
+                or getattr(self, "activation_sparsity", 0.0)  # Gemma3n: top-k on gate first
+                or (self.training and getattr(dropout, "p", 0.0) > 0)):
+            return _host_forward(self, GeGLUMLP,
+                                 lambda t: self.down_proj(self.act_fn(self.gate_proj(t)) * self.up_proj(t)), x)
         return geglu_mlp(x, self.gate_proj.weight, self.up_proj.weight, self.down_proj.weight,
                          _bias(self.gate_proj), _bias(self.up_proj), _bias(self.down_proj), approximate=approx)
 
@@ -102,18 +116,22 @@ class T5GeGLUDense(nn.Module):
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
         approx = gelu_approximation(self.act)
         if approx is None or not _fusable(hidden_states, self.wi_0, self.wi_1):
-            h = self.act(self.wi_0(hidden_states)) * self.wi_1(hidden_states)
-        else:
-            dropout_active = self.training and getattr(self.dropout, "p", 0.0) > 0
-            if not dropout_active and _fusable(hidden_states, self.wi_0, self.wi_1, self.wo):
-                return geglu_mlp(hidden_states, self.wi_0.weight, self.wi_1.weight, self.wo.weight,
-                                 _bias(self.wi_0), _bias(self.wi_1), _bias(self.wo), approximate=approx)
-            h = geglu(self.wi_0(hidden_states), self.wi_1(hidden_states), approximate=approx)
-        h = self.dropout(h)
-        wo_weight = self.wo.weight
-        if isinstance(wo_weight, torch.Tensor) and h.dtype != wo_weight.dtype and wo_weight.dtype != torch.int8:
-            h = h.to(wo_weight.dtype)
-        return self.wo(h)
+            return _host_forward(self, T5GeGLUDense,
+                                 lambda t: _t5_tail(self, self.act(self.wi_0(t)) * self.wi_1(t)), hidden_states)
+        dropout_active = self.training and getattr(self.dropout, "p", 0.0) > 0
+        if not dropout_active and _fusable(hidden_states, self.wi_0, self.wi_1, self.wo):
+            return geglu_mlp(hidden_states, self.wi_0.weight, self.wi_1.weight, self.wo.weight,
+                             _bias(self.wi_0), _bias(self.wi_1), _bias(self.wo), approximate=approx)
+        return _t5_tail(self, geglu(self.wi_0(hidden_states), self.wi_1(hidden_states), approximate=approx))
+
+
+def _t5_tail(module: nn.Module, h: torch.Tensor) -> torch.Tensor:
+    """T5's dropout, the cast to ``wo``'s dtype when ``wo`` is kept in float32, then ``wo``."""
+    h = module.dropout(h)
+    wo_weight = module.wo.weight
+    if isinstance(wo_weight, torch.Tensor) and h.dtype != wo_weight.dtype and wo_weight.dtype != torch.int8:
+        h = h.to(wo_weight.dtype)
+    return module.wo(h)
 
 
 class LinearBias(nn.Module):
