@@ -61,7 +61,7 @@ class _SpyHost(_HostMLP):
         return super().forward(x)
 
 
-@pytest.mark.parametrize("case", ["silu", "sparsity", "dropout-training"])
+@pytest.mark.parametrize("case", ["silu", "sparsity", "dropout-training", "hooked-down-proj"])
 def test_geglu_mlp_layer_defers_to_the_host_where_it_cannot_fuse(kernel, device, case):
     host = _SpyHost(16, 32, nn.SiLU() if case == "silu" else nn.GELU(approximate="tanh")).to(device)
     if case == "sparsity":
@@ -69,6 +69,8 @@ def test_geglu_mlp_layer_defers_to_the_host_where_it_cannot_fuse(kernel, device,
     if case == "dropout-training":
         host.dropout = nn.Dropout(0.5)
         host.train()
+    if case == "hooked-down-proj":  # e.g. a tensor-parallel all-reduce after a row-wise down_proj
+        host.down_proj.register_forward_hook(lambda mod, args, out: out * 2)
     x = randn(4, 16, device=device)
     expected = _HostMLP.forward(host, x)
     _SpyHost.calls = 0

@@ -40,10 +40,17 @@ def gelu_approximation(act) -> str | None:
 
 
 def _dense(*linears) -> bool:
-    """Plain dense ``nn.Linear``s (not quantised/sharded wrappers) on one dtype and device."""
+    """Plain dense ``nn.Linear``s on one dtype and device, with no hooks.
+
+    Hooks matter: tensor parallelism (transformers' TP plans, ``parallelize_module``) and
+    offloading do their communication in forward hooks on the projections, which calling the
+    fused op directly would skip, so a hooked projection always takes the host's path.
+    """
     ref = None
     for lin in linears:
         if type(lin) is not nn.Linear or type(lin.weight) not in (torch.Tensor, nn.Parameter):
+            return False
+        if lin._forward_hooks or lin._forward_pre_hooks:
             return False
         if ref is None:
             ref = lin.weight
