@@ -77,6 +77,78 @@ def _host_forward(module: nn.Module, layer_cls: type, plain, *args):
     return forward(module, *args)
 
 
+# ---- tensor parallelism ----------------------------------------------------------------------
+# gate_proj/up_proj sharded column-wise (Shard(0) of the [I, H] weights) and down_proj row-wise
+# (Shard(1) of [H, I]), as torch's ColwiseParallel/RowwiseParallel and transformers' TP plans lay
+# them out: each rank runs the fused MLP on its own I/world slice and one all-reduce sums the
+# partial outputs. No weight is gathered.
+
+
+class _CopyToTensorParallel(torch.autograd.Function):
+    """Identity forward; the backward sums dx over the ranks (each saw only its slice of I)."""
+
+    @staticmethod
+    def forward(ctx, x, group):
+        ctx.group = group
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad):
+        grad = grad.contiguous()
+        torch.distributed.all_reduce(grad, group=ctx.group)
+        return grad, None
+
+
+class _ReduceFromTensorParallel(torch.autograd.Function):
+    """All-reduce (sum) of the partial down-projection outputs; identity backward."""
+
+    @staticmethod
+    def forward(ctx, y, group):
+        torch.distributed.all_reduce(y, group=group)
+        return y
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad, None
+
+
+def _tensor_parallel_mlp(module: nn.Module, x: torch.Tensor, approx: str):
+    """The fused MLP on local shards when the projections are tensor-parallel DTensors laid out
+    column-wise / column-wise / row-wise on one 1-D mesh; None for any other layout."""
+    if not torch.distributed.is_available():
+        return None
+    from torch.distributed.tensor import DTensor, Replicate, Shard
+
+    gate, up, down = module.gate_proj, module.up_proj, module.down_proj
+    weights = (gate.weight, up.weight, down.weight)
+    if not all(isinstance(w, DTensor) for w in weights):
+        return None
+    mesh = weights[0].device_mesh
+    if mesh.ndim != 1 or any(w.device_mesh != mesh for w in weights):
+        return None
+    if tuple(w.placements for w in weights) != ((Shard(0),), (Shard(0),), (Shard(1),)):
+        return None
+    biases = (gate.bias, up.bias, down.bias)
+    want = ((Shard(0),), (Shard(0),), (Replicate(),))
+    if any(b is not None and (not isinstance(b, DTensor) or b.placements != p) for b, p in zip(biases, want)):
+        return None
+    if isinstance(x, DTensor):
+        if x.placements != (Replicate(),):
+            return None
+        x = x.to_local()
+    if x.dtype != weights[0].dtype or torch.is_autocast_enabled(x.device.type):
+        return None
+    group = mesh.get_group()
+    x = _CopyToTensorParallel.apply(x, group)
+    local = [w.to_local() for w in weights]
+    b_gate, b_up = (None if b is None else b.to_local() for b in biases[:2])
+    y = geglu_mlp(x, *local, b_gate, b_up, None, approximate=approx)
+    y = _ReduceFromTensorParallel.apply(y, group)
+    if biases[2] is not None:
+        y = y + biases[2].to_local()
+    return y
+
+
 class GeGLUMLP(nn.Module):
     """``down_proj(act_fn(gate_proj(x)) * up_proj(x))`` for Gemma-style MLPs (biases optional).
 
@@ -95,6 +167,11 @@ class GeGLUMLP(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         approx = gelu_approximation(self.act_fn)
         dropout = getattr(self, "dropout", None)  # T5Gemma: dropout between act*up and down
+        if approx is not None and not getattr(self, "activation_sparsity", 0.0) \
+                and not (self.training and getattr(dropout, "p", 0.0) > 0):
+            y = _tensor_parallel_mlp(self, x, approx)
+            if y is not None:
+                return y
         if (approx is None or not _fusable(x, self.gate_proj, self.up_proj, self.down_proj)
                 or getattr(self, "activation_sparsity", 0.0)  # Gemma3n: top-k on gate first
                 or (self.training and getattr(dropout, "p", 0.0) > 0)):
