@@ -1,6 +1,7 @@
-"""Tensor-parallel GeGLU MLP: two CPU processes over gloo, weights sharded as torch's
-ColwiseParallel (gate_proj, up_proj) / RowwiseParallel (down_proj) lay them out, the kernel layer
-running the fused MLP on the local shards with one all-reduce, against the unsharded module."""
+"""Tensor-parallel GeGLU MLP: two CPU processes over gloo. Weights sharded column-wise (gate_proj,
+up_proj) and row-wise (down_proj), by torch's ColwiseParallel/RowwiseParallel and by transformers'
+own ``tp_plan``; the kernel layer runs the fused MLP on the local shards with one all-reduce, and
+outputs and gradients match the unsharded model."""
 
 from __future__ import annotations
 
@@ -82,3 +83,57 @@ def test_two_rank_tensor_parallel_mlp_matches_unsharded(kernel, tmp_path, bias):
         status = (tmp_path / f"rank{rank}").read_text()
         # the fused path ran (a backend was recorded), not the host's unfused fallback
         assert status.startswith("ok ") and status != "ok None", status
+
+
+def _hf_worker(rank: int, world: int, port: int, model_dir: str, result_dir: str) -> None:
+    """transformers' own TP plan (``from_pretrained(tp_plan="auto")``), then kernelize."""
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world),
+                      LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world))
+    sys.path.insert(0, str(HERE.parent / "src"))
+    import torch.distributed as dist
+    from kernels import Mode
+    from transformers import GemmaForCausalLM
+
+    import kernels
+    from fused_geglu_tools.transformers import kernelize
+
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    try:
+        k = kernels.get_kernel("org/fused-geglu", version=1, trust_remote_code=True)
+        single = GemmaForCausalLM.from_pretrained(model_dir)
+        tp = GemmaForCausalLM.from_pretrained(model_dir, tp_plan="auto")
+        ids = torch.randint(0, 128, (2, 9), generator=torch.Generator().manual_seed(1))
+        report = kernelize(tp.eval(), mode=Mode.INFERENCE, device="cpu", source="hub")
+        assert report.count("GemmaMLP") == 2, str(report)
+        with torch.no_grad():
+            torch.testing.assert_close(tp(input_ids=ids).logits, single.eval()(input_ids=ids).logits,
+                                       rtol=1e-4, atol=1e-4)
+        assert k.last_backend("geglu_mlp") is not None
+        tp.train()
+        kernelize(tp, mode=Mode.TRAINING, device="cpu", source="hub")
+        single.train()
+        tp(input_ids=ids, labels=ids).loss.backward()
+        single(input_ids=ids, labels=ids).loss.backward()
+        i = single.config.intermediate_size
+        lo, hi = rank * (i // world), (rank + 1) * (i // world)
+        for name in ("gate_proj", "up_proj"):
+            got = getattr(tp.model.layers[0].mlp, name).weight.grad.to_local()
+            want = getattr(single.model.layers[0].mlp, name).weight.grad[lo:hi]
+            torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+        got = tp.model.layers[0].mlp.down_proj.weight.grad.to_local()
+        torch.testing.assert_close(got, single.model.layers[0].mlp.down_proj.weight.grad[:, lo:hi], rtol=1e-4, atol=1e-5)
+        Path(result_dir, f"rank{rank}").write_text("ok")
+    finally:
+        dist.destroy_process_group()
+
+
+def test_transformers_tp_plan_kernelized_gemma_matches_single_process(kernel, tmp_path):
+    from transformers import GemmaConfig, GemmaForCausalLM
+
+    torch.manual_seed(0)
+    cfg = GemmaConfig(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=64,
+                      initializer_range=0.5)
+    GemmaForCausalLM(cfg).save_pretrained(tmp_path / "model")
+    mp.spawn(_hf_worker, args=(2, _free_port(), str(tmp_path / "model"), str(tmp_path)), nprocs=2, join=True)
+    assert all((tmp_path / f"rank{r}").read_text() == "ok" for r in range(2))

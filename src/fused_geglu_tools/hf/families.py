@@ -187,6 +187,37 @@ def _dropout_p(module: nn.Module) -> float:
     return float(p) if isinstance(p, (int, float)) else 0.0
 
 
+def _tensor_parallel_layout(module: nn.Module) -> str | None:
+    """None when gate/up/down are DTensors sharded column/column/row-wise on one 1-D mesh (the
+    layout the kernel's GeGLUMLP runs on local shards, with one all-reduce); else a reason, or
+    "" when the weights are not DTensors at all."""
+    try:
+        from torch.distributed.tensor import DTensor, Replicate, Shard
+    except ImportError:
+        return ""
+    lins = [getattr(module, n, None) for n in ("gate_proj", "up_proj", "down_proj")]
+    if not all(type(lin) is nn.Linear for lin in lins):
+        return ""
+    weights = [lin.weight for lin in lins]
+    if not any(isinstance(w, DTensor) for w in weights):
+        return ""
+    if not all(isinstance(w, DTensor) for w in weights):
+        return "some projections are DTensors and some are not"
+    mesh = weights[0].device_mesh
+    if mesh.ndim != 1 or any(w.device_mesh != mesh for w in weights):
+        return "tensor-parallel weights on a mesh other than one 1-D mesh"
+    if tuple(w.placements for w in weights) != ((Shard(0),), (Shard(0),), (Shard(1),)):
+        return (f"tensor-parallel placements {[w.placements for w in weights]}; the kernel runs "
+                "column/column/row-wise sharding")
+    want = ((Shard(0),), (Shard(0),), (Replicate(),))
+    for lin, placement in zip(lins, want):
+        if lin.bias is not None and (not isinstance(lin.bias, DTensor) or lin.bias.placements != placement):
+            return "tensor-parallel biases are not sharded like their weights"
+    if any(_hooked(lin) for lin in lins):
+        return "tensor-parallel projections with forward hooks, which the fused kernel would skip"
+    return None
+
+
 def _gate_up_down_reason(module: nn.Module) -> str | None:
     reason = _activation_reason(module, "act_fn")
     if reason:
@@ -197,6 +228,11 @@ def _gate_up_down_reason(module: nn.Module) -> str | None:
     if module.training and _dropout_p(module) > 0.0:
         return (f"dropout p={_dropout_p(module):g} is active in training; the fused MLP has no dropout "
                 "between GeGLU and down_proj")
+    tp = _tensor_parallel_layout(module)
+    if tp is None:
+        return None  # tensor-parallel shards in the layout the kernel layer handles
+    if tp:
+        return tp
     return _linears_reason(module, ("gate_proj", "up_proj", "down_proj"))
 
 
