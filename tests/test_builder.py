@@ -80,6 +80,18 @@ def test_ops_id_comes_from_the_git_tree(repo_root, build_dir):
     assert meta["id"] == f"_fused_geglu_cuda_{ident.uid}" or meta["provenance"]["kernel"]["dirty"]
 
 
+def test_copied_tree_takes_the_commit_it_was_copied_from(tmp_path, monkeypatch):
+    """A tree with no commit of its own (a build machine's copy) records FUSED_GEGLU_COMMIT."""
+    (tmp_path / "f.py").write_text("x = 1\n")
+    subprocess.run(["git", "init", "-q", str(tmp_path)], check=True)
+    monkeypatch.setenv("FUSED_GEGLU_COMMIT", "a" * 40)
+    monkeypatch.setenv("FUSED_GEGLU_DIRTY", "0")
+    ident = source_identity(tmp_path)
+    assert ident.commit == "a" * 40 and not ident.dirty and not ident.uid.endswith("_dirty")
+    monkeypatch.delenv("FUSED_GEGLU_COMMIT")
+    assert source_identity(tmp_path).commit is None
+
+
 def _copy_sources(repo_root, dest):
     for name in ("build.toml", "torch-ext", "kernel_src"):
         src = repo_root / name

@@ -67,4 +67,9 @@ def source_identity(root: Path, fallback_paths: list[Path] | None = None) -> Sou
         _git(root, "add", "-A", env=env)
         tree = _git(root, "write-tree", env=env)
     dirty = tree != head_tree
+    if commit is None and os.environ.get("FUSED_GEGLU_COMMIT"):
+        # A repository with no commit of its own (a copied tree, as on a build machine): the commit
+        # it was copied from is passed in by whoever copied it.
+        commit = os.environ["FUSED_GEGLU_COMMIT"]
+        dirty = os.environ.get("FUSED_GEGLU_DIRTY", "1") != "0"
     return SourceIdentity(uid=tree[:7] + ("_dirty" if dirty else ""), commit=commit, dirty=dirty)
