@@ -84,7 +84,8 @@ def requested(backend: str | None) -> str:
 
 def check_available(op: str, device: torch.device, backend: str, needs_compiled: tuple[str, ...] = ()) -> None:
     avail = available_backends(device)
-    if backend not in avail or any(not compiled_has(name, device.type) for name in needs_compiled if backend in ("cuda", "cpu")):
+    missing_op = backend in ("cuda", "cpu") and not all(compiled_has(name, device.type) for name in needs_compiled)
+    if backend not in avail or missing_op:
         raise ValueError(
             f"backend {backend!r} cannot run {op} on {device.type} tensors in this build "
             f"(variant ops id {OPS_ID}); available: {avail}"

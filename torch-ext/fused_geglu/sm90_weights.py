@@ -23,13 +23,13 @@ def _interleave(w_gate: torch.Tensor, w_up: torch.Tensor) -> torch.Tensor:
 
 
 def _interleave_bias(b_gate, b_up):
+    """The [2I] bias in the weight's interleaved order; a missing half is zeros."""
     if b_gate is None and b_up is None:
         return None
-    i = (b_gate if b_gate is not None else b_up).shape[0]
-    zeros = None
-    bg = b_gate if b_gate is not None else (zeros := torch.zeros_like(b_up))
-    bu = b_up if b_up is not None else (zeros if zeros is not None else torch.zeros_like(b_gate))
-    return torch.stack([bg.reshape(i // GROUP, GROUP), bu.reshape(i // GROUP, GROUP)], 1).reshape(2 * i)
+    b_gate = b_gate if b_gate is not None else torch.zeros_like(b_up)
+    b_up = b_up if b_up is not None else torch.zeros_like(b_gate)
+    i = b_gate.shape[0]
+    return torch.stack([b_gate.reshape(i // GROUP, GROUP), b_up.reshape(i // GROUP, GROUP)], 1).reshape(2 * i)
 
 
 def gateup_weight(w_gate: torch.Tensor, w_up: torch.Tensor) -> torch.Tensor:
