@@ -87,6 +87,26 @@ def test_geglu_mlp_saves_only_preactivations(kernel, device):
     assert all(t.numel() != m * i for t in saved), "recompute=True must not save M*I tensors"
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_geglu_mlp_second_backward_is_refused_not_wrong(kernel, device, backend):
+    """The backward overwrites the saved pre-activations with their gradients (memory): a second
+    backward through the same graph must raise, and with recompute=True (nothing saved but x) it
+    must give the same gradients again."""
+    _skip_unless(kernel, device, backend)
+    x = randn(7, 16, device=device, requires_grad=True)
+    params = [p.detach().requires_grad_() for p in _params(16, 24, torch.float32, device, False)[:3]]
+    grad = randn(7, 16, device=device)
+    y = kernel.geglu_mlp(x, *params, backend=backend)
+    first = torch.autograd.grad(y, [x, *params], grad, retain_graph=True)
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        torch.autograd.grad(y, [x, *params], grad)
+    y = kernel.geglu_mlp(x, *params, recompute=True, backend=backend)
+    again = [torch.autograd.grad(y, [x, *params], grad, retain_graph=True) for _ in range(2)]
+    for a, b, c in zip(first, *again):
+        torch.testing.assert_close(b, c, rtol=0, atol=0)
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+
+
 def test_geglu_mlp_bad_input(kernel, device):
     x = randn(4, 8, device=device)
     wg, wu, wd = randn(16, 8, device=device), randn(16, 8, device=device), randn(8, 16, device=device)

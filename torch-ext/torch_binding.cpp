@@ -17,6 +17,11 @@ TORCH_LIBRARY_EXPAND(TORCH_EXTENSION_NAME, ops) {
 #elif defined(CUDA_KERNEL)
   ops.impl("geglu_fwd", c10::kCUDA, &geglu_fwd);
   ops.impl("geglu_bwd", c10::kCUDA, &geglu_bwd);
+  // ---- CUDA-only ops (kernel_src/geglu_cuda) ----
+  // The training MLP's fused backward pointwise: gate <- grad_gate, up <- grad_up,
+  // grad_out <- h = gelu(gate) * up, element by element in place (no new M x I buffers).
+  ops.def("geglu_bwd_inplace(Tensor(a!) gate, Tensor(b!) up, Tensor(c!) grad_out, int approximate) -> ()");
+  ops.impl("geglu_bwd_inplace", c10::kCUDA, &geglu_bwd_inplace);
   // ---- CUDA-only ops (kernel_src/linear_cublaslt, kernel_src/gemm_sm90) ----
   // The optional outputs (preact_out, db) are written, so they carry their own alias set.
   ops.def(

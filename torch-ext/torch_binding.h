@@ -22,6 +22,10 @@ void geglu_bwd(at::Tensor &grad_gate, at::Tensor &grad_up, at::Tensor const &gra
                at::Tensor const &gate, at::Tensor const &up, int64_t approximate);
 
 #if defined(CUDA_KERNEL)
+// In place: gate <- grad_out * up * gelu'(gate), up <- grad_out * gelu(gate),
+// grad_out <- gelu(gate) * up (the h the down projection's weight gradient needs).
+void geglu_bwd_inplace(at::Tensor &gate, at::Tensor &up, at::Tensor &grad_out, int64_t approximate);
+
 // ---- CUDA-only ops (kernel_src/linear_cublaslt, kernel_src/gemm_sm90) ----
 // cuBLASLt: out[M,N] = act(x[M,K] @ weight[N,K]^T + bias[N]); activation 0 = none, 1 = tanh GELU
 // (preact_out[M,N], optional, receives the pre-activation: GELU_AUX_BIAS). x and weight need only

@@ -12,9 +12,15 @@
 //     loads per thread are in flight.
 //   * 2-D blocks (column threads x rows) and a 2-D grid (column chunks x row groups, grid-striding over
 //     rows beyond 65535 groups), so both short rows and few rows still fill the GPU.
-//   * fp32 math on upcast values with one rounding at the store: exact GELU through normcdff (no
-//     1 + erf cancellation in the negative tail), tanh GELU as x * sigmoid(2u), whose derivative
-//     s + x s (1 - s) (2u)' is computed with 1 - s = e * s (no cancellation either).
+//   * fp32 math on upcast values with one rounding at the store: tanh GELU as x * sigmoid(2u),
+//     whose derivative s + x s (1 - s) (2u)' is computed with 1 - s = e * s (no cancellation).
+//     fp32 tensors get IEEE expf / normcdff / a correctly rounded reciprocal. bf16 / fp16 tensors
+//     get the SFU forms (__expf, __fdividef, erff): their few-ulp fp32 error is far below the
+//     one rounding to 8 / 11 mantissa bits at the store, and the IEEE forms cost enough issue
+//     slots to make this kernel compute-bound (measured on the H200, 2026-12-02: 63% of copy
+//     bandwidth with them on [8192, 16384] bf16).
+//   * Work per thread follows the size: kIlp packs per thread for large tensors, 1 pack when that
+//     would leave the GPU with too few blocks (decode-sized rows).
 //   * Launch on the current stream with the device guard; no allocation and no host sync, so it is safe
 //     under CUDA graph capture.
 
@@ -27,8 +33,10 @@
 #include <cuda_fp16.h>
 
 #include <algorithm>
+#include <atomic>
 #include <climits>
 #include <cstdint>
+#include <type_traits>
 
 namespace {
 
@@ -66,28 +74,38 @@ constexpr float kInvSqrt2Pi = 0.398942280401432678f;  // 1 / sqrt(2 pi)
 constexpr float kTanhK0 = 1.59576912160573071f;       // 2 * sqrt(2 / pi)
 constexpr float kTanhK1 = 0.0713548162726008322f;     // 2 * sqrt(2 / pi) * 0.044715
 
-// Returns gelu(x); with GRAD also writes gelu'(x) to *dgelu.
-template <bool TANH, bool GRAD>
+constexpr float kInvSqrt2 = 0.707106781186547524f;
+
+// Returns gelu(x); with GRAD also writes gelu'(x) to *dgelu. FAST: SFU exp / divide and erff
+// (used for 16-bit tensors, see the header).
+template <bool TANH, bool GRAD, bool FAST>
 __device__ __forceinline__ float gelu(float x, float *dgelu) {
   if constexpr (TANH) {
     // 0.5 * (1 + tanh(u)) = sigmoid(v), v = 2u = 2 sqrt(2/pi) (x + 0.044715 x^3).
     const float x2 = x * x;
     const float v = x * fmaf(kTanhK1, x2, kTanhK0);
-    const float e = expf(fminf(-v, 88.0f));  // clamp: 1 + e stays finite, so e * sig below is not inf * 0
-    const float sig = __frcp_rn(1.0f + e);
+    // clamp: 1 + e stays finite, so e * sig below is never inf * 0
+    const float e = FAST ? __expf(fminf(-v, 88.0f)) : expf(fminf(-v, 88.0f));
+    const float sig = FAST ? __fdividef(1.0f, 1.0f + e) : __frcp_rn(1.0f + e);
     if constexpr (GRAD) {
       const float dv = fmaf(3.0f * kTanhK1, x2, kTanhK0);
       *dgelu = fmaf(x * sig, (e * sig) * dv, sig);  // sig + x sig (1 - sig) v'
     }
     return x * sig;
   } else {
-    const float cdf = normcdff(x);
+    // Phi(x): normcdff has no 1 + erf cancellation in the negative tail (fp32); for 16-bit
+    // outputs the cancellation error (absolute, < 1e-7 * |x|) is below the output rounding.
+    const float cdf = FAST ? fmaf(0.5f, erff(x * kInvSqrt2), 0.5f) : normcdff(x);
     if constexpr (GRAD) {
-      *dgelu = fmaf(x, kInvSqrt2Pi * expf(-0.5f * x * x), cdf);  // Phi(x) + x phi(x)
+      const float pdf = kInvSqrt2Pi * (FAST ? __expf(-0.5f * x * x) : expf(-0.5f * x * x));
+      *dgelu = fmaf(x, pdf, cdf);  // Phi(x) + x phi(x)
     }
     return x * cdf;
   }
 }
+
+template <typename T>
+constexpr bool kFast = !std::is_same_v<T, float>;
 
 // ---------------------------------------------------------------------------------------------------
 // Kernels. A thread owns kIlp packs of one row, spaced blockDim.x packs apart (coalesced per k), and
@@ -98,8 +116,11 @@ constexpr int kThreads = 256;  // per block, = blockDim.x * blockDim.y
 // kBwdIlp * 3 inputs 16-byte loads per thread that keeps ~96-128 KiB of loads in flight per SM, well
 // above what HBM latency x bandwidth needs, without spills.
 constexpr int kMinBlocks = 3;
-constexpr int kFwdIlp = 4;  // packs per input per thread (2 inputs)
+constexpr int kFwdIlp = 4;  // packs per input per thread (2 inputs), large tensors
 constexpr int kBwdIlp = 2;  // (3 inputs)
+// Below this many blocks per SM at the large-tensor ILP, one pack per thread instead: 4x the
+// blocks, so decode-sized inputs (16 rows) still reach every SM.
+constexpr int kMinBlocksPerSm = 4;
 
 template <typename T>
 struct FwdArgs {
@@ -111,33 +132,36 @@ struct FwdArgs {
   int cols;
 };
 
+// No __restrict__: the fused in-place variant passes grad_gate == gate, grad_up == up and
+// h == grad_out (every element is read by the thread that later overwrites it, loads first).
 template <typename T>
 struct BwdArgs {
   T *grad_gate;
   T *grad_up;
+  T *h;  // optional third output gelu(gate) * up (EMIT_H)
   const T *grad_out;
   const T *gate;
   const T *up;
-  int64_t grad_gate_stride, grad_up_stride, grad_out_stride, gate_stride, up_stride;
+  int64_t grad_gate_stride, grad_up_stride, h_stride, grad_out_stride, gate_stride, up_stride;
   int64_t rows;
   int cols;
 };
 
-template <typename T, int VW, bool TANH>
+template <typename T, int VW, bool TANH, int ILP>
 __global__ void __launch_bounds__(kThreads, kMinBlocks) geglu_fwd_kernel(const FwdArgs<T> a) {
-  constexpr int kIlp = kFwdIlp;
   using P = Pack<T, VW>;
   using C = Conv<T>;
+  constexpr bool F = kFast<T>;
   const int npacks = a.cols / VW;
-  const int first = blockIdx.x * blockDim.x * kIlp + threadIdx.x;
+  const int first = blockIdx.x * blockDim.x * ILP + threadIdx.x;
   for (int64_t row = int64_t(blockIdx.y) * blockDim.y + threadIdx.y; row < a.rows;
        row += int64_t(gridDim.y) * blockDim.y) {
     const T *gate = a.gate + row * a.gate_stride;
     const T *up = a.up + row * a.up_stride;
     T *out = a.out + row * a.out_stride;
-    P g[kIlp], u[kIlp];
+    P g[ILP], u[ILP];
 #pragma unroll
-    for (int k = 0; k < kIlp; ++k) {
+    for (int k = 0; k < ILP; ++k) {
       const int p = first + k * blockDim.x;
       if (p < npacks) {
         g[k] = reinterpret_cast<const P *>(gate)[p];
@@ -145,13 +169,13 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) geglu_fwd_kernel(const F
       }
     }
 #pragma unroll
-    for (int k = 0; k < kIlp; ++k) {
+    for (int k = 0; k < ILP; ++k) {
       const int p = first + k * blockDim.x;
       if (p < npacks) {
         P o;
 #pragma unroll
         for (int j = 0; j < VW; ++j) {
-          o.v[j] = C::store(gelu<TANH, false>(C::load(g[k].v[j]), nullptr) * C::load(u[k].v[j]));
+          o.v[j] = C::store(gelu<TANH, false, F>(C::load(g[k].v[j]), nullptr) * C::load(u[k].v[j]));
         }
         reinterpret_cast<P *>(out)[p] = o;
       }
@@ -159,19 +183,32 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) geglu_fwd_kernel(const F
     if constexpr (VW > 1) {  // the cols % VW leftover columns (< VW <= blockDim.x)
       const int c = npacks * VW + threadIdx.x;
       if (blockIdx.x == 0 && c < a.cols) {
-        out[c] = C::store(gelu<TANH, false>(C::load(gate[c]), nullptr) * C::load(up[c]));
+        out[c] = C::store(gelu<TANH, false, F>(C::load(gate[c]), nullptr) * C::load(up[c]));
       }
     }
   }
 }
 
-template <typename T, int VW, bool TANH>
+template <typename T, bool TANH, bool F>
+struct BwdMath {
+  // (grad_gate, grad_up, h) of one element.
+  static __device__ __forceinline__ void run(T go_, T g_, T u_, T &dg, T &du, T &h) {
+    using C = Conv<T>;
+    float dgelu;
+    const float gl = gelu<TANH, true, F>(C::load(g_), &dgelu);
+    const float o = C::load(go_), u = C::load(u_);
+    dg = C::store(o * u * dgelu);
+    du = C::store(o * gl);
+    h = C::store(gl * u);
+  }
+};
+
+template <typename T, int VW, bool TANH, int ILP, bool EMIT_H>
 __global__ void __launch_bounds__(kThreads, kMinBlocks) geglu_bwd_kernel(const BwdArgs<T> a) {
-  constexpr int kIlp = kBwdIlp;
   using P = Pack<T, VW>;
-  using C = Conv<T>;
+  using M = BwdMath<T, TANH, kFast<T>>;
   const int npacks = a.cols / VW;
-  const int first = blockIdx.x * blockDim.x * kIlp + threadIdx.x;
+  const int first = blockIdx.x * blockDim.x * ILP + threadIdx.x;
   for (int64_t row = int64_t(blockIdx.y) * blockDim.y + threadIdx.y; row < a.rows;
        row += int64_t(gridDim.y) * blockDim.y) {
     const T *grad_out = a.grad_out + row * a.grad_out_stride;
@@ -179,9 +216,10 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) geglu_bwd_kernel(const B
     const T *up = a.up + row * a.up_stride;
     T *grad_gate = a.grad_gate + row * a.grad_gate_stride;
     T *grad_up = a.grad_up + row * a.grad_up_stride;
-    P go[kIlp], g[kIlp], u[kIlp];
+    T *h = EMIT_H ? a.h + row * a.h_stride : nullptr;
+    P go[ILP], g[ILP], u[ILP];
 #pragma unroll
-    for (int k = 0; k < kIlp; ++k) {
+    for (int k = 0; k < ILP; ++k) {
       const int p = first + k * blockDim.x;
       if (p < npacks) {
         go[k] = reinterpret_cast<const P *>(grad_out)[p];
@@ -190,30 +228,25 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) geglu_bwd_kernel(const B
       }
     }
 #pragma unroll
-    for (int k = 0; k < kIlp; ++k) {
+    for (int k = 0; k < ILP; ++k) {
       const int p = first + k * blockDim.x;
       if (p < npacks) {
-        P dg, du;
+        P dg, du, hh;
 #pragma unroll
-        for (int j = 0; j < VW; ++j) {
-          float dgelu;
-          const float gl = gelu<TANH, true>(C::load(g[k].v[j]), &dgelu);
-          const float o = C::load(go[k].v[j]);
-          dg.v[j] = C::store(o * C::load(u[k].v[j]) * dgelu);
-          du.v[j] = C::store(o * gl);
-        }
+        for (int j = 0; j < VW; ++j) M::run(go[k].v[j], g[k].v[j], u[k].v[j], dg.v[j], du.v[j], hh.v[j]);
         reinterpret_cast<P *>(grad_gate)[p] = dg;
         reinterpret_cast<P *>(grad_up)[p] = du;
+        if constexpr (EMIT_H) reinterpret_cast<P *>(h)[p] = hh;
       }
     }
     if constexpr (VW > 1) {
       const int c = npacks * VW + threadIdx.x;
       if (blockIdx.x == 0 && c < a.cols) {
-        float dgelu;
-        const float gl = gelu<TANH, true>(C::load(gate[c]), &dgelu);
-        const float o = C::load(grad_out[c]);
-        grad_gate[c] = C::store(o * C::load(up[c]) * dgelu);
-        grad_up[c] = C::store(o * gl);
+        T dg, du, hh;
+        M::run(grad_out[c], gate[c], up[c], dg, du, hh);
+        grad_gate[c] = dg;
+        grad_up[c] = du;
+        if constexpr (EMIT_H) h[c] = hh;
       }
     }
   }
@@ -224,6 +257,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) geglu_bwd_kernel(const B
 
 struct Launch {
   dim3 grid, block;
+  int64_t blocks() const { return int64_t(grid.x) * grid.y; }
 };
 
 // Column threads: enough to cover a row's packs ilp at a time (32..256, power of two); the rest of the
@@ -237,6 +271,27 @@ Launch launch_config(int64_t rows, int cols, int vw, int ilp) {
   const int64_t col_blocks = (npacks + int64_t(tx) * ilp - 1) / (int64_t(tx) * ilp);
   const int64_t row_blocks = std::min<int64_t>((rows + ty - 1) / ty, 65535);
   return {dim3(unsigned(col_blocks), unsigned(row_blocks)), dim3(unsigned(tx), unsigned(ty))};
+}
+
+// SMs of the current device, looked up once per device (cudaDeviceGetAttribute is cheap, but this
+// runs on every launch).
+int sm_count() {
+  constexpr int kMaxDevices = 64;
+  static std::atomic<int> cache[kMaxDevices];
+  int dev = 0;
+  C10_CUDA_CHECK(cudaGetDevice(&dev));
+  if (dev >= kMaxDevices) dev = kMaxDevices - 1;  // only a heuristic input; any positive count works
+  int n = cache[dev].load(std::memory_order_relaxed);
+  if (n == 0) {
+    C10_CUDA_CHECK(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev));
+    cache[dev].store(n, std::memory_order_relaxed);
+  }
+  return n;
+}
+
+// Whether the large-tensor ILP still gives every SM kMinBlocksPerSm blocks.
+bool use_big_ilp(int64_t rows, int cols, int vw, int ilp) {
+  return launch_config(rows, cols, vw, ilp).blocks() >= int64_t(kMinBlocksPerSm) * sm_count();
 }
 
 // 16-byte path only if every base pointer and every row stride is 16-byte aligned.
@@ -292,16 +347,50 @@ void check_common(const char *op, const at::Tensor &gate, int64_t approximate) {
 
 template <typename T, int VW, bool TANH>
 void launch_fwd(const FwdArgs<T> &args, cudaStream_t stream) {
-  const Launch l = launch_config(args.rows, args.cols, VW, kFwdIlp);
-  geglu_fwd_kernel<T, VW, TANH><<<l.grid, l.block, 0, stream>>>(args);
+  if (use_big_ilp(args.rows, args.cols, VW, kFwdIlp)) {
+    const Launch l = launch_config(args.rows, args.cols, VW, kFwdIlp);
+    geglu_fwd_kernel<T, VW, TANH, kFwdIlp><<<l.grid, l.block, 0, stream>>>(args);
+  } else {
+    const Launch l = launch_config(args.rows, args.cols, VW, 1);
+    geglu_fwd_kernel<T, VW, TANH, 1><<<l.grid, l.block, 0, stream>>>(args);
+  }
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
-template <typename T, int VW, bool TANH>
+template <typename T, int VW, bool TANH, bool EMIT_H>
 void launch_bwd(const BwdArgs<T> &args, cudaStream_t stream) {
-  const Launch l = launch_config(args.rows, args.cols, VW, kBwdIlp);
-  geglu_bwd_kernel<T, VW, TANH><<<l.grid, l.block, 0, stream>>>(args);
+  if (use_big_ilp(args.rows, args.cols, VW, kBwdIlp)) {
+    const Launch l = launch_config(args.rows, args.cols, VW, kBwdIlp);
+    geglu_bwd_kernel<T, VW, TANH, kBwdIlp, EMIT_H><<<l.grid, l.block, 0, stream>>>(args);
+  } else {
+    const Launch l = launch_config(args.rows, args.cols, VW, 1);
+    geglu_bwd_kernel<T, VW, TANH, 1, EMIT_H><<<l.grid, l.block, 0, stream>>>(args);
+  }
   C10_CUDA_KERNEL_LAUNCH_CHECK();
+}
+
+template <bool EMIT_H>
+void dispatch_bwd(at::Tensor &grad_gate, at::Tensor &grad_up, at::Tensor *h, at::Tensor const &grad_out,
+                  at::Tensor const &gate, at::Tensor const &up, int64_t approximate) {
+  const int64_t rows = gate.size(0), cols = gate.size(1);
+  if (rows == 0 || cols == 0) return;
+  const c10::cuda::CUDAGuard device_guard(gate.device());
+  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
+  const bool vec = aligned16({&grad_gate, &grad_up, &grad_out, &gate, &up}) && (!EMIT_H || aligned16({h}));
+  with_cuda_dtype(gate.scalar_type(), [&](auto tag) {
+    using T = decltype(tag);
+    constexpr int kVec = 16 / sizeof(T);
+    const BwdArgs<T> args{ptr<T>(grad_gate),   ptr<T>(grad_up),    EMIT_H ? ptr<T>(*h) : nullptr,
+                          ptr<T>(grad_out),    ptr<T>(gate),       ptr<T>(up),
+                          grad_gate.stride(0), grad_up.stride(0),  EMIT_H ? h->stride(0) : 0,
+                          grad_out.stride(0),  gate.stride(0),     up.stride(0),
+                          rows,                int(cols)};
+    if (approximate == 1) {
+      vec ? launch_bwd<T, kVec, true, EMIT_H>(args, stream) : launch_bwd<T, 1, true, EMIT_H>(args, stream);
+    } else {
+      vec ? launch_bwd<T, kVec, false, EMIT_H>(args, stream) : launch_bwd<T, 1, false, EMIT_H>(args, stream);
+    }
+  });
 }
 
 }  // namespace
@@ -347,23 +436,19 @@ void geglu_bwd(at::Tensor &grad_gate, at::Tensor &grad_up, at::Tensor const &gra
   for (const at::Tensor *t : std::initializer_list<const at::Tensor *>{&grad_up, &grad_out, &gate, &up})
     at::assert_no_overlap(grad_gate, *t);
   for (const at::Tensor *t : {&grad_out, &gate, &up}) at::assert_no_overlap(grad_up, *t);
-  const int64_t rows = gate.size(0), cols = gate.size(1);
-  if (rows == 0 || cols == 0) return;
+  dispatch_bwd<false>(grad_gate, grad_up, nullptr, grad_out, gate, up, approximate);
+}
 
-  const c10::cuda::CUDAGuard device_guard(gate.device());
-  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
-  const bool vec = aligned16({&grad_gate, &grad_up, &grad_out, &gate, &up});
-  with_cuda_dtype(gate.scalar_type(), [&](auto tag) {
-    using T = decltype(tag);
-    constexpr int kVec = 16 / sizeof(T);
-    const BwdArgs<T> args{ptr<T>(grad_gate),   ptr<T>(grad_up),      ptr<T>(grad_out),
-                          ptr<T>(gate),        ptr<T>(up),           grad_gate.stride(0),
-                          grad_up.stride(0),   grad_out.stride(0),   gate.stride(0),
-                          up.stride(0),        rows,                 int(cols)};
-    if (approximate == 1) {
-      vec ? launch_bwd<T, kVec, true>(args, stream) : launch_bwd<T, 1, true>(args, stream);
-    } else {
-      vec ? launch_bwd<T, kVec, false>(args, stream) : launch_bwd<T, 1, false>(args, stream);
-    }
-  });
+void geglu_bwd_inplace(at::Tensor &gate, at::Tensor &up, at::Tensor &grad_out, int64_t approximate) {
+  constexpr const char *op = "geglu_bwd_inplace";
+  check_common(op, gate, approximate);
+  check_operand(op, "gate", gate, gate);
+  check_operand(op, "up", up, gate);
+  check_operand(op, "grad_out", grad_out, gate);
+  // The three buffers are read and overwritten element by element; they must not share memory.
+  at::assert_no_overlap(gate, up);
+  at::assert_no_overlap(gate, grad_out);
+  at::assert_no_overlap(up, grad_out);
+  // gate <- grad_gate, up <- grad_up, grad_out <- h = gelu(gate) * up.
+  dispatch_bwd<true>(gate, up, &grad_out, grad_out, gate, up, approximate);
 }

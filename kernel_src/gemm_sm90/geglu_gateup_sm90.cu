@@ -35,15 +35,23 @@ void check_operand(const at::Tensor &t, const char *name, at::ScalarType dtype, 
               name, " data pointer must be ", ptr_align, "-byte aligned");
 }
 
+const char *tile_name(TileCfg c) {
+  switch (c) {
+    case TileCfg::k128x128: return "128x128";
+    case TileCfg::k128x256: return "128x256";
+    case TileCfg::k128x128pp: return "128x128pp";
+  }
+  return "?";
+}
+
 TileCfg pick_tile(int64_t M, int64_t N2, int sm_count) {
-  static const int forced = [] {
-    const char *e = std::getenv("FUSED_GEGLU_SM90_TILE");
-    if (e == nullptr) return -1;
-    if (std::strcmp(e, "128x128") == 0) return int(TileCfg::k128x128);
-    if (std::strcmp(e, "128x256") == 0) return int(TileCfg::k128x256);
-    return -1;
-  }();
-  if (forced >= 0) return TileCfg(forced);
+  // $FUSED_GEGLU_SM90_TILE forces a tile (for measuring them side by side); read per call.
+  if (const char *e = std::getenv("FUSED_GEGLU_SM90_TILE")) {
+    for (TileCfg c : {TileCfg::k128x128, TileCfg::k128x256, TileCfg::k128x128pp}) {
+      if (std::strcmp(e, tile_name(c)) == 0) return c;
+    }
+    TORCH_CHECK(false, "FUSED_GEGLU_SM90_TILE must be 128x128, 128x256 or 128x128pp, got '", e, "'");
+  }
   // The wide tile halves B traffic per output but needs enough tiles to fill the machine.
   const int64_t big_tiles = ((M + 127) / 128) * ((N2 + 255) / 256);
   return big_tiles >= sm_count ? TileCfg::k128x256 : TileCfg::k128x128;
@@ -52,14 +60,21 @@ TileCfg pick_tile(int64_t M, int64_t N2, int sm_count) {
 template <class Element>
 const char *dispatch(GateUpArgs &a, TileCfg cfg, at::Tensor &ws_holder, const at::Device &dev) {
   using namespace fused_geglu_sm90;
-  const size_t ws = cfg == TileCfg::k128x256 ? geglu_gateup_workspace_bytes<Element, TileCfg::k128x256>(a)
-                                             : geglu_gateup_workspace_bytes<Element, TileCfg::k128x128>(a);
+  size_t ws = 0;
+  switch (cfg) {
+    case TileCfg::k128x256: ws = geglu_gateup_workspace_bytes<Element, TileCfg::k128x256>(a); break;
+    case TileCfg::k128x128pp: ws = geglu_gateup_workspace_bytes<Element, TileCfg::k128x128pp>(a); break;
+    default: ws = geglu_gateup_workspace_bytes<Element, TileCfg::k128x128>(a); break;
+  }
   if (ws > 0) {
     ws_holder = at::empty({int64_t(ws)}, at::TensorOptions().dtype(at::kByte).device(dev));
     a.workspace = ws_holder.data_ptr();
   }
-  return cfg == TileCfg::k128x256 ? launch_geglu_gateup<Element, TileCfg::k128x256>(a)
-                                  : launch_geglu_gateup<Element, TileCfg::k128x128>(a);
+  switch (cfg) {
+    case TileCfg::k128x256: return launch_geglu_gateup<Element, TileCfg::k128x256>(a);
+    case TileCfg::k128x128pp: return launch_geglu_gateup<Element, TileCfg::k128x128pp>(a);
+    default: return launch_geglu_gateup<Element, TileCfg::k128x128>(a);
+  }
 }
 
 }  // namespace
@@ -146,6 +161,6 @@ void geglu_gateup_sm90(at::Tensor &h_out, at::Tensor const &x, at::Tensor const 
     const cudaError_t ce = cudaGetLastError();
     TORCH_CHECK(false, "geglu_gateup_sm90: ", err, " (", cudaGetErrorString(ce), ") for x ",
                 x.sizes(), " strides ", x.strides(), ", w_gateup ", w_gateup.sizes(), " strides ",
-                w_gateup.strides(), ", tile ", cfg == TileCfg::k128x256 ? "128x256" : "128x128");
+                w_gateup.strides(), ", tile ", tile_name(cfg));
   }
 }

@@ -50,7 +50,11 @@ struct GateUpArgs {
 };
 
 // Tile configurations (few on purpose: each is a separate heavy instantiation).
-enum class TileCfg : int { k128x128 = 0, k128x256 = 1 };
+//   k128x128    cooperative (two consumer warp groups split one 128x128 tile), cluster 1x1
+//   k128x256    cooperative, cluster 2x1 (multicast x tiles): the wide tile for large M
+//   k128x128pp  ping-pong (each consumer warp group owns a whole 128x128 tile; one group's
+//               GeGLU epilogue overlaps the other's mainloop), cluster 2x1
+enum class TileCfg : int { k128x128 = 0, k128x256 = 1, k128x128pp = 2 };
 
 // Defined in the per-dtype TUs. Return a message on failure, nullptr on success.
 template <class Element, TileCfg Cfg>

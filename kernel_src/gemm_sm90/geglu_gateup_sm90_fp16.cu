@@ -7,8 +7,7 @@
 #include "geglu_gateup_sm90_kernel.cuh"
 
 namespace fused_geglu_sm90 {
-#ifndef FG_SM90_ONLY_SMALL_TILE
 FUSED_GEGLU_SM90_INSTANTIATE(cutlass::half_t, TileCfg::k128x256)
-#endif
+FUSED_GEGLU_SM90_INSTANTIATE(cutlass::half_t, TileCfg::k128x128pp)
 FUSED_GEGLU_SM90_INSTANTIATE(cutlass::half_t, TileCfg::k128x128)
 }  // namespace fused_geglu_sm90

@@ -42,9 +42,13 @@ class DualOp:
         self.op.register_fake(fake)
         return fake
 
-    def register_autograd(self, backward: Callable, setup_context: Callable) -> None:
+    def register_autograd(self, backward: Callable, setup_context: Callable, private_outputs=()) -> None:
+        """``private_outputs``: indices of outputs that exist only to be saved for backward. On the
+        eager path the caller gets empty placeholders for them and ``ctx.private_saved`` is True,
+        so ``backward`` knows no one else holds those tensors (and may reuse their memory)."""
         self.op.register_autograd(backward, setup_context=setup_context)
         impl = self.impl
+        private = frozenset(private_outputs)
 
         class _Function(torch.autograd.Function):
             @staticmethod
@@ -52,7 +56,10 @@ class DualOp:
                 ctx.set_materialize_grads(False)  # unused outputs (saved pre-activations) get None
                 out = impl(*args)
                 setup_context(ctx, args, out)
-                return out
+                if not private:
+                    return out
+                ctx.private_saved = True
+                return tuple(o.new_empty((0,)) if i in private else o for i, o in enumerate(out))
 
             @staticmethod
             def backward(ctx, *grads):

@@ -65,6 +65,26 @@ def _bwd_into(dgate2, dup2, grad2, gate2, up2, approximate: str, backend: str) -
         dup2.copy_(dy * gelu(g, approximate))
 
 
+def _bwd_inplace(gate2, up2, grad2, approximate: str, backend: str) -> None:
+    """The training MLP's backward pointwise, in place: gate2 <- dgate, up2 <- dup, grad2 <- h.
+    Saves the three M x I buffers a separate backward + recomputed h would allocate."""
+    if grad2.shape[0] == 0:
+        return
+    if backend == "cuda" and _dispatch.compiled_has("geglu_bwd_inplace", "cuda"):
+        ops.geglu_bwd_inplace(gate2, up2, grad2, _APPROX_CODE[approximate])
+    elif backend == "triton":
+        from .triton_kernels import geglu as tk
+
+        tk.geglu_bwd_inplace(gate2, up2, grad2, approximate)
+    else:  # the CPU kernels have no in-place form: compute into temporaries, then copy
+        dgate, dup, h = torch.empty_like(gate2), torch.empty_like(up2), torch.empty_like(grad2)
+        _fwd_into(h, gate2, up2, approximate, backend)
+        _bwd_into(dgate, dup, grad2, gate2, up2, approximate, backend)
+        gate2.copy_(dgate)
+        up2.copy_(dup)
+        grad2.copy_(h)
+
+
 # ---- separate (gate, up) ------------------------------------------------------------------------
 
 @custom_op("geglu_fwd_op", mutates_args=())

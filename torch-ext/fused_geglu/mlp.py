@@ -12,7 +12,10 @@ Paths (``last_backend("geglu_mlp")`` names the one that ran):
   wherever measurements say the fused kernel would lose (``configs``' dispatch table).
 
 Saved for backward: x, and the gate/up pre-activations (``2·M·I`` values), or nothing but x
-with ``recompute=True`` (one more gate+up GEMM in the backward).
+with ``recompute=True`` (one more gate+up GEMM in the backward). The backward turns the saved
+pre-activations into their gradients in place, so it holds at most one more ``M·I`` buffer; a
+second backward through the same graph (``retain_graph=True``) is refused by autograd's
+saved-tensor version check rather than computed from overwritten values.
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ from . import _checks, _dispatch
 from . import geglu as _geglu
 from . import sm90_weights
 from ._ops import ops
-from ._opdef import custom_op
+from ._opdef import _tracing, custom_op
 from ._views import rows
 from .policy import mlp_backend_for
 
@@ -101,11 +104,10 @@ def _(x, w_gate, w_up, w_down, b_gate, b_up, b_down, approximate, save_preact, b
     return x.new_empty((*x.shape[:-1], h)), x.new_empty(pre), x.new_empty(pre)
 
 
-@custom_op("geglu_mlp_bwd_op", mutates_args=())
-def geglu_mlp_bwd_op(grad_y: torch.Tensor, x: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor,
-                     w_down: torch.Tensor, b_gate: torch.Tensor | None, b_up: torch.Tensor | None,
-                     gate: torch.Tensor, up: torch.Tensor, approximate: str, recompute: bool,
-                     has_b_down: bool, backend: str) -> list[torch.Tensor]:
+def _mlp_backward(grad_y, x, w_gate, w_up, w_down, b_gate, b_up, gate, up, approximate: str,
+                  recompute: bool, has_b_down: bool, backend: str, inplace: bool):
+    """The backward. ``inplace``: overwrite the saved gate/up with their gradients (eager autograd
+    only, see ``_backward``); otherwise work on copies."""
     x2, dy = rows(x), rows(grad_y)
     m, (i, h) = x2.shape[0], w_gate.shape
     backend = _pick(x.device, backend, m, h, i)
@@ -114,31 +116,31 @@ def geglu_mlp_bwd_op(grad_y: torch.Tensor, x: torch.Tensor, w_gate: torch.Tensor
         zeros = [torch.zeros_like(w) for w in (w_gate, w_up, w_down)]
         biases = [torch.zeros((n,), dtype=dt, device=dev) if present else x.new_empty((0,))
                   for n, present in ((i, b_gate is not None), (i, b_up is not None), (h, has_b_down))]
-        return [torch.empty_like(x), *zeros, *biases]
-    dgu = torch.empty((m, 2 * i), dtype=dt, device=dev)  # dgate | dup in one buffer
-    dgate, dup = dgu[:, :i], dgu[:, i:]
-    hid = torch.empty((m, i), dtype=dt, device=dev)
-    # Order matters for peak memory: each M*I temporary is freed before the next is made.
+        return (torch.empty_like(x), *zeros, *biases)
+    # Order and aliasing keep the peak at three M x I buffers (the saved gate/up and one more):
+    # dgate / dup overwrite gate / up in place, and h is written over the buffer it is made from.
+    if recompute:
+        gate = up = None  # the placeholders; fresh buffers below
+    elif not inplace:
+        gate, up = gate.clone(), up.clone()
     if backend == "triton":
         from .triton_kernels import mlp as tk_mlp
 
+        hid = torch.empty((m, i), dtype=dt, device=dev)
         if recompute:
             gate = torch.empty((m, i), dtype=dt, device=dev)
             up = torch.empty((m, i), dtype=dt, device=dev)
             tk_mlp.gateup_fwd(hid, x2, w_gate, w_up, b_gate, b_up, approximate, gate, up)
-        tk_mlp.dh_bwd(dgate, dup, hid, dy, w_down, gate, up, approximate)  # dh stays on chip
-        d_w_down = dy.t() @ hid
-        del hid
+        # dh stays on chip; its epilogue turns gate/up into dgate/dup in place and re-emits h.
+        tk_mlp.dh_bwd(gate, up, None if recompute else hid, dy, w_down, gate, up, approximate)
     else:
         if recompute:
             gate, up = _addmm(b_gate, x2, w_gate), _addmm(b_up, x2, w_up)
-        _geglu._fwd_into(hid, gate, up, approximate, backend)
-        d_w_down = dy.t() @ hid
-        del hid
-        dh = dy @ w_down
-        _geglu._bwd_into(dgate, dup, dh, gate, up, approximate, backend)
-        del dh
-    del gate, up
+        hid = dy @ w_down  # dh, turned into h by the in-place pointwise below
+        _geglu._bwd_inplace(gate, up, hid, approximate, backend)
+    d_w_down = dy.t() @ hid
+    del hid
+    dgate, dup = gate, up
     dx = dgate @ w_gate
     dx.addmm_(dup, w_up)
     d_w_gate = dgate.t() @ x2
@@ -146,17 +148,30 @@ def geglu_mlp_bwd_op(grad_y: torch.Tensor, x: torch.Tensor, w_gate: torch.Tensor
     db_gate = dgate.sum(0, dtype=torch.float32).to(dt) if b_gate is not None else x.new_empty((0,))
     db_up = dup.sum(0, dtype=torch.float32).to(dt) if b_up is not None else x.new_empty((0,))
     db_down = dy.sum(0, dtype=torch.float32).to(dt) if has_b_down else x.new_empty((0,))
-    return [dx.view(x.shape), d_w_gate, d_w_up, d_w_down, db_gate, db_up, db_down]
+    return dx.view(x.shape), d_w_gate, d_w_up, d_w_down, db_gate, db_up, db_down
+
+
+@custom_op("geglu_mlp_bwd_op", mutates_args=())
+def geglu_mlp_bwd_op(grad_y: torch.Tensor, x: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor,
+                     w_down: torch.Tensor, b_gate: torch.Tensor | None, b_up: torch.Tensor | None,
+                     gate: torch.Tensor, up: torch.Tensor, approximate: str, recompute: bool,
+                     has_b_down: bool, backend: str
+                     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor,
+                                torch.Tensor, torch.Tensor]:
+    """The backward as a functional op, for graphs (torch.compile): the saved pre-activations are
+    graph values it must not overwrite."""
+    return _mlp_backward(grad_y, x, w_gate, w_up, w_down, b_gate, b_up, gate, up, approximate,
+                         recompute, has_b_down, backend, inplace=False)
 
 
 @geglu_mlp_bwd_op.register_fake
 def _(grad_y, x, w_gate, w_up, w_down, b_gate, b_up, gate, up, approximate, recompute, has_b_down, backend):
     i, h = w_gate.shape
-    return [x.new_empty(x.shape), w_gate.new_empty(w_gate.shape), w_up.new_empty(w_up.shape),
+    return (x.new_empty(x.shape), w_gate.new_empty(w_gate.shape), w_up.new_empty(w_up.shape),
             w_down.new_empty(w_down.shape),
             x.new_empty((i,) if b_gate is not None else (0,)),
             x.new_empty((i,) if b_up is not None else (0,)),
-            x.new_empty((h,) if has_b_down else (0,))]
+            x.new_empty((h,) if has_b_down else (0,)))
 
 
 def _setup(ctx, inputs, output):
@@ -170,15 +185,26 @@ def _setup(ctx, inputs, output):
 
 def _backward(ctx, grad_y, _g_gate, _g_up):
     x, w_gate, w_up, w_down, b_gate, b_up, gate, up = ctx.saved_tensors
-    dx, dwg, dwu, dwd, dbg, dbu, dbd = geglu_mlp_bwd_op(
-        grad_y.contiguous(), x, w_gate, w_up, w_down, b_gate, b_up, gate, up, ctx.approximate,
-        ctx.recompute, ctx.has_bias[2], ctx.backend)
+    args = (grad_y.contiguous(), x, w_gate, w_up, w_down, b_gate, b_up, gate, up, ctx.approximate,
+            ctx.recompute, ctx.has_bias[2], ctx.backend)
+    if _tracing(args) or not getattr(ctx, "private_saved", False):
+        dx, dwg, dwu, dwd, dbg, dbu, dbd = geglu_mlp_bwd_op(*args)
+    else:
+        # Eager autograd through geglu_mlp: the saved gate/up were never handed to the caller
+        # (DualOp private outputs), so they are this graph's own buffers and die with it; the
+        # backward turns them into dgate/dup in place (two M x I buffers fewer at the peak).
+        # The version bump makes a second backward through the graph (retain_graph=True) fail
+        # on autograd's saved-tensor check instead of reading gradients as pre-activations.
+        dx, dwg, dwu, dwd, dbg, dbu, dbd = _mlp_backward(*args, inplace=True)
+        if not ctx.recompute:  # Triton launches do not bump version counters themselves
+            for t in (gate, up):
+                torch.autograd.graph.increment_version(t)
     bg, bu, bd = ctx.has_bias
     return (dx, dwg, dwu, dwd, dbg if bg else None, dbu if bu else None, dbd if bd else None,
             None, None, None)
 
 
-geglu_mlp_fwd_op.register_autograd(_backward, setup_context=_setup)
+geglu_mlp_fwd_op.register_autograd(_backward, setup_context=_setup, private_outputs=(1, 2))
 
 
 def geglu_mlp(x: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor, w_down: torch.Tensor,

@@ -38,11 +38,11 @@ def _geglu_fwd_kernel(
 
 @triton.jit
 def _geglu_bwd_kernel(
-    grad_gate_ptr, grad_up_ptr,  # outputs [M, N]
-    grad_out_ptr, gate_ptr, up_ptr,  # inputs [M, N]
+    grad_gate_ptr, grad_up_ptr, h_ptr,  # outputs [M, N] (h only with STORE_H)
+    grad_out_ptr, gate_ptr, up_ptr,  # inputs [M, N]; may be the outputs themselves (in place)
     M, N,
-    stride_gg, stride_gu, stride_go, stride_gate, stride_up,
-    ACT: tl.constexpr,
+    stride_gg, stride_gu, stride_h, stride_go, stride_gate, stride_up,
+    ACT: tl.constexpr, STORE_H: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
     rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -58,6 +58,8 @@ def _geglu_bwd_kernel(
     # d/dgate = dy * up * gelu'(gate);  d/dup = dy * gelu(gate)
     tl.store(grad_gate_ptr + r * stride_gg + c, (dy * u * dact).to(grad_gate_ptr.dtype.element_ty), mask=mask)
     tl.store(grad_up_ptr + r * stride_gu + c, (dy * act).to(grad_up_ptr.dtype.element_ty), mask=mask)
+    if STORE_H:
+        tl.store(h_ptr + r * stride_h + c, (act * u).to(h_ptr.dtype.element_ty), mask=mask)
 
 
 def _grid(m: int, n: int, cfg):
@@ -89,10 +91,25 @@ def geglu_bwd(
     m, n = gate.shape
     if m == 0 or n == 0:
         return grad_gate, grad_up
+    _launch_bwd(grad_gate, grad_up, None, grad_out, gate, up, act)
+    return grad_gate, grad_up
+
+
+def geglu_bwd_inplace(gate: torch.Tensor, up: torch.Tensor, grad_out: torch.Tensor, approximate: str) -> None:
+    """In place, element by element: gate <- grad_gate, up <- grad_up, grad_out <- h = gelu(gate) * up.
+    Every stored value depends on all three loaded ones, so each element is read before it is written."""
+    act = act_from_approximate(approximate)
+    if gate.shape[0] == 0 or gate.shape[1] == 0:
+        return
+    _launch_bwd(gate, up, grad_out, grad_out, gate, up, act)
+
+
+def _launch_bwd(grad_gate, grad_up, h, grad_out, gate, up, act: int) -> None:
+    m, n = gate.shape
     cfg = get_config("geglu_bwd", gate.device, gate.dtype, m, n)
     _geglu_bwd_kernel[_grid(m, n, cfg)](
-        grad_gate, grad_up, grad_out, gate, up, m, n,
-        grad_gate.stride(0), grad_up.stride(0), grad_out.stride(0), gate.stride(0), up.stride(0),
-        ACT=act, BLOCK_M=cfg.BLOCK_M, BLOCK_N=cfg.BLOCK_N, num_warps=cfg.num_warps,
+        grad_gate, grad_up, grad_gate if h is None else h, grad_out, gate, up, m, n,
+        grad_gate.stride(0), grad_up.stride(0), 0 if h is None else h.stride(0),
+        grad_out.stride(0), gate.stride(0), up.stride(0),
+        ACT=act, STORE_H=h is not None, BLOCK_M=cfg.BLOCK_M, BLOCK_N=cfg.BLOCK_N, num_warps=cfg.num_warps,
     )
-    return grad_gate, grad_up

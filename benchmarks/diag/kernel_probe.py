@@ -1,0 +1,280 @@
+"""Per-kernel timings on one GPU, for choosing tiles and the dispatch policy (not the product
+benchmark: that is benchmarks/compare.py, side by side with eager / compile / Liger).
+
+Loads the kernel the way users do (kernels.get_kernel from the staged cache), then times with CUDA
+events, medians over many calls, inputs rotated over enough sets to exceed the L2:
+  pointwise  geglu fwd / bwd / bwd_inplace, CUDA vs Triton vs torch.compile, as % of copy bandwidth
+  sm90       the CUTLASS gate+up GEMM per tile config vs one cuBLAS GEMM over [w_gate; w_up]
+  mlp        geglu_mlp forward and training step, ours (cuda, triton) vs eager and compile, with
+             peak memory above the inputs
+  overhead   where the Python time of a decode-sized geglu_mlp call goes (cProfile)
+
+  python3 benchmarks/diag/kernel_probe.py --out DIR [--sections pointwise,sm90,mlp,overhead]
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import importlib
+import io
+import json
+import os
+import pstats
+import statistics
+import time
+
+import torch
+import torch.nn.functional as F
+
+SHAPES = {"gemma3-1b": (1152, 6912), "gemma-2b": (2048, 16384), "gemma2-9b": (3584, 14336)}
+L2_BYTES = 60 << 20
+
+
+def load():
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("HF_HUB_CACHE", os.path.abspath(".hub-cache"))
+    import kernels
+
+    k = kernels.get_kernel("org/fused-geglu", version=1, trust_remote_code=True)
+    return k, getattr(torch.ops, k.OPS_ID)
+
+
+def n_sets(bytes_per_set: int) -> int:
+    return max(1, min(64, (3 * L2_BYTES) // max(bytes_per_set, 1) + 1))
+
+
+def time_us(fn, sets: int, reps: int = 60, warmup: int = 5) -> float:
+    """Median microseconds of fn(i) over reps calls, i rotating over sets."""
+    for i in range(warmup):
+        fn(i % sets)
+    torch.cuda.synchronize()
+    starts = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
+    ends = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
+    for r in range(reps):
+        starts[r].record()
+        fn(r % sets)
+        ends[r].record()
+    torch.cuda.synchronize()
+    return 1e3 * statistics.median(s.elapsed_time(e) for s, e in zip(starts, ends))
+
+
+def copy_gbps() -> float:
+    a = torch.empty(1 << 29, dtype=torch.uint8, device="cuda")
+    b = torch.empty_like(a)
+    t = time_us(lambda i: b.copy_(a), 1, reps=30)
+    return 2 * a.numel() / t / 1e3
+
+
+def pointwise(k, ops, rows: list) -> None:
+    tk = importlib.import_module(k.__name__ + ".triton_kernels.geglu")
+    bw = copy_gbps()
+    rows.append({"section": "pointwise", "what": "copy", "gbps": bw})
+    dt = torch.bfloat16
+    for m, n in [(8192, 16384), (8192, 14336), (8192, 6912), (1024, 16384), (16, 16384)]:
+        numel = m * n
+        sets = n_sets(5 * numel * 2)
+        g = [torch.randn(m, n, device="cuda", dtype=dt) for _ in range(sets)]
+        u = [torch.randn(m, n, device="cuda", dtype=dt) for _ in range(sets)]
+        dy = [torch.randn(m, n, device="cuda", dtype=dt) for _ in range(sets)]
+        out = [torch.empty(m, n, device="cuda", dtype=dt) for _ in range(sets)]
+        out2 = [torch.empty(m, n, device="cuda", dtype=dt) for _ in range(sets)]
+        for approx, code in (("tanh", 1), ("none", 0)):
+            with_compile = approx == "tanh" and m == 8192 and n != 6912  # compiles cost seconds each
+            comp_f = torch.compile(lambda a, b: F.gelu(a, approximate=approx) * b, dynamic=False)
+
+            def comp_b(a, b, d):
+                a = a.detach().requires_grad_()
+                b = b.detach().requires_grad_()
+                y = F.gelu(a, approximate=approx) * b
+                return torch.autograd.grad(y, (a, b), d)
+            comp_b = torch.compile(comp_b, dynamic=False)
+            cases = {
+                ("fwd", "cuda"): lambda i: ops.geglu_fwd(out[i], g[i], u[i], code),
+                ("fwd", "triton"): lambda i: tk.geglu_fwd(out[i], g[i], u[i], approx),
+                ("fwd", "compile"): lambda i: comp_f(g[i], u[i]),
+                ("bwd", "cuda"): lambda i: ops.geglu_bwd(out[i], out2[i], dy[i], g[i], u[i], code),
+                ("bwd", "triton"): lambda i: tk.geglu_bwd(out[i], out2[i], dy[i], g[i], u[i], approx),
+                ("bwd", "compile"): lambda i: comp_b(g[i], u[i], dy[i]),
+                ("bwd_inplace", "cuda"): lambda i: ops.geglu_bwd_inplace(out[i], out2[i], dy[i], code),
+                ("bwd_inplace", "triton"): lambda i: tk.geglu_bwd_inplace(out[i], out2[i], dy[i], approx),
+            }
+            if not with_compile:
+                del cases[("fwd", "compile")], cases[("bwd", "compile")]
+            for i in range(sets):  # values for the in-place cases: pre-activations, not empty memory
+                out[i].copy_(g[i])
+                out2[i].copy_(u[i])
+            tensors = {"fwd": 3, "bwd": 5, "bwd_inplace": 6}
+            for (direction, impl), fn in cases.items():
+                try:
+                    t = time_us(fn, sets)
+                    gbps = tensors[direction] * numel * 2 / t / 1e3
+                    rows.append({"section": "pointwise", "what": f"{direction} {approx}", "impl": impl,
+                                 "shape": [m, n], "us": t, "gbps": gbps, "of_copy": gbps / bw})
+                except Exception as exc:  # noqa: BLE001 - a probe reports and goes on
+                    rows.append({"section": "pointwise", "what": f"{direction} {approx}", "impl": impl,
+                                 "shape": [m, n], "error": repr(exc)[:300]})
+        del g, u, dy, out, out2
+        torch.cuda.empty_cache()
+
+
+def interleave(wg, wu, group=8):
+    i, h = wg.shape
+    return torch.stack([wg.reshape(i // group, group, h), wu.reshape(i // group, group, h)], 1).reshape(2 * i, h)
+
+
+def sm90(k, ops, rows: list) -> None:
+    dt = torch.bfloat16
+    for name, (h, i) in SHAPES.items():
+        wg = torch.randn(i, h, device="cuda", dtype=dt) / h ** 0.5
+        wu = torch.randn(i, h, device="cuda", dtype=dt) / h ** 0.5
+        w = interleave(wg, wu)
+        wcat = torch.cat([wg, wu], 0)
+        two = torch.compile(lambda x: F.gelu(x @ wg.t(), approximate="tanh") * (x @ wu.t()), dynamic=False)
+        for m in (16, 1024, 8192):
+            sets = n_sets(m * h * 2 + 3 * m * i * 2)
+            xs = [torch.randn(m, h, device="cuda", dtype=dt) for _ in range(sets)]
+            hs = [torch.empty(m, i, device="cuda", dtype=dt) for _ in range(sets)]
+            flops = 2.0 * m * h * 2 * i
+            cases = {"cublas [wg;wu] one GEMM": lambda j: xs[j] @ wcat.t()}
+            if m == 8192:
+                cases["compile 2 GEMM + geglu"] = lambda j: two(xs[j])
+            for tile in ("128x128", "128x256", "128x128pp"):
+                def run(j, tile=tile):
+                    os.environ["FUSED_GEGLU_SM90_TILE"] = tile
+                    ops.geglu_gateup_sm90(hs[j], xs[j], w, None, 1, None)
+                cases[f"sm90 {tile}"] = run
+            for impl, fn in cases.items():
+                try:
+                    t = time_us(fn, sets, reps=40 if m == 8192 else 100)
+                    rows.append({"section": "sm90", "shape": name, "M": m, "impl": impl, "us": t,
+                                 "tflops": flops / t / 1e6})
+                except Exception as exc:  # noqa: BLE001
+                    rows.append({"section": "sm90", "shape": name, "M": m, "impl": impl, "error": repr(exc)[:300]})
+            os.environ.pop("FUSED_GEGLU_SM90_TILE", None)
+            # check: the default tile's h against the reference
+            ref = F.gelu((xs[0].float() @ wg.float().t()), approximate="tanh") * (xs[0].float() @ wu.float().t())
+            ops.geglu_gateup_sm90(hs[0], xs[0], w, None, 1, None)
+            rows.append({"section": "sm90", "shape": name, "M": m, "impl": "check",
+                         "rel_err": float((hs[0].float() - ref).norm() / ref.norm())})
+            del xs, hs
+        del wg, wu, w, wcat
+        torch.cuda.empty_cache()
+
+
+class EagerMLP(torch.nn.Module):
+    def __init__(self, h, i):
+        super().__init__()
+        self.gate_proj = torch.nn.Linear(h, i, bias=False)
+        self.up_proj = torch.nn.Linear(h, i, bias=False)
+        self.down_proj = torch.nn.Linear(i, h, bias=False)
+
+    def forward(self, x):
+        return self.down_proj(F.gelu(self.gate_proj(x), approximate="tanh") * self.up_proj(x))
+
+
+def mlp(k, ops, rows: list) -> None:
+    dt = torch.bfloat16
+    for name in ("gemma-2b", "gemma2-9b"):
+        h, i = SHAPES[name]
+        mod = EagerMLP(h, i).to("cuda", dt)
+        comp = torch.compile(mod, dynamic=False)
+        for m in (8192,):
+            sets = n_sets(m * h * 2 * 2)
+            xs = [torch.randn(m, h, device="cuda", dtype=dt) for _ in range(sets)]
+            dys = [torch.randn(m, h, device="cuda", dtype=dt) for _ in range(sets)]
+            wts = (mod.gate_proj.weight, mod.up_proj.weight, mod.down_proj.weight)
+            impls = {
+                "eager": mod,
+                "compile": comp,
+                "ours cuda": lambda x: k.geglu_mlp(x, *wts, approximate="tanh", backend="cuda"),
+                "ours triton": lambda x: k.geglu_mlp(x, *wts, approximate="tanh", backend="triton"),
+            }
+            for impl, f in impls.items():
+                for mode in ("fwd", "train"):
+                    def step(j, f=f, mode=mode):
+                        if mode == "fwd":
+                            with torch.no_grad():
+                                return f(xs[j])
+                        x = xs[j].detach().requires_grad_()
+                        y = f(x)
+                        y.backward(dys[j])
+                        for p in mod.parameters():
+                            p.grad = None
+                    try:
+                        t = time_us(step, sets, reps=20 if m == 8192 else 60)
+                        torch.cuda.synchronize()
+                        base = torch.cuda.memory_allocated()
+                        torch.cuda.reset_peak_memory_stats()
+                        step(0)
+                        torch.cuda.synchronize()
+                        peak = (torch.cuda.max_memory_allocated() - base) / 2**20
+                        rows.append({"section": "mlp", "shape": name, "M": m, "impl": impl, "mode": mode,
+                                     "us": t, "peak_mb": peak})
+                    except Exception as exc:  # noqa: BLE001
+                        rows.append({"section": "mlp", "shape": name, "M": m, "impl": impl, "mode": mode,
+                                     "error": repr(exc)[:300]})
+            del xs, dys
+        del mod, comp
+        torch.cuda.empty_cache()
+
+
+def overhead(k, ops, rows: list) -> None:
+    dt = torch.bfloat16
+    h, i = SHAPES["gemma-2b"]
+    wg, wu = (torch.randn(i, h, device="cuda", dtype=dt) for _ in range(2))
+    wd = torch.randn(h, i, device="cuda", dtype=dt)
+    x = torch.randn(16, h, device="cuda", dtype=dt)
+    for backend in ("cuda", "triton"):
+        for _ in range(10):
+            k.geglu_mlp(x, wg, wu, wd, backend=backend)
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for _ in range(200):
+            k.geglu_mlp(x, wg, wu, wd, backend=backend)
+        cpu_us = (time.perf_counter() - t0) / 200 * 1e6
+        torch.cuda.synchronize()
+        prof = cProfile.Profile()
+        prof.enable()
+        for _ in range(200):
+            k.geglu_mlp(x, wg, wu, wd, backend=backend)
+        prof.disable()
+        torch.cuda.synchronize()
+        s = io.StringIO()
+        pstats.Stats(prof, stream=s).sort_stats("tottime").print_stats(14)
+        rows.append({"section": "overhead", "impl": backend, "cpu_us_per_call": cpu_us,
+                     "last_backend": k.last_backend("geglu_mlp"), "profile": s.getvalue()[-3500:]})
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--out", required=True)
+    p.add_argument("--sections", default="pointwise,sm90,mlp,overhead")
+    args = p.parse_args()
+    torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction = True
+    k, ops = load()
+    rows: list = []
+    path = os.path.join(args.out, "kernel_probe.json")
+    for section in args.sections.split(","):
+        t0 = time.time()
+        globals()[section](k, ops, rows)
+        print(f"[probe] {section} done in {time.time() - t0:.0f} s", flush=True)
+        with open(path, "w") as f:
+            json.dump({"device": torch.cuda.get_device_name(), "torch": torch.__version__,
+                       "ops_id": k.OPS_ID, "rows": rows}, f, indent=1)
+    for r in rows:
+        if r["section"] == "overhead":
+            print(f"overhead {r['impl']}: {r['cpu_us_per_call']:.1f} us/call CPU ({r['last_backend']})")
+            print(r["profile"][:2500])
+    for r in rows:
+        if r["section"] == "overhead":
+            continue
+        keys = ("section", "what", "shape", "M", "impl", "mode")
+        label = " ".join(str(r[k_]) for k_ in keys if k_ in r)
+        vals = " ".join(f"{k_}={r[k_]:.4g}" if isinstance(r[k_], float) else f"{k_}={r[k_]}"
+                        for k_ in ("us", "gbps", "of_copy", "tflops", "peak_mb", "rel_err", "error") if k_ in r)
+        print(f"{label:60s} {vals}")
+
+
+if __name__ == "__main__":
+    main()
