@@ -27,6 +27,7 @@
 
 #include <cstdint>
 #include <cstring>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -42,7 +43,7 @@ constexpr size_t kWorkspaceBytes = size_t(32) << 20;
   do {                                                                                            \
     cublasStatus_t _st = (expr);                                                                  \
     TORCH_CHECK(_st == CUBLAS_STATUS_SUCCESS, "fused_geglu cuBLASLt: ", #expr, " failed with ",   \
-                cublasGetStatusName(_st), " (", int(_st), ") in ", what);                          \
+                cublasGetStatusName(_st), " (", int(_st), ") in ", what());                        \
   } while (0)
 
 cudaDataType_t to_cuda_dtype(at::ScalarType t) {
@@ -87,6 +88,11 @@ void *workspace_for(int device, cudaStream_t stream) {
   return it->second.data_ptr();
 }
 
+// The call's description for error messages, built only when one is raised. (Building it on every
+// call, with std::ostringstream, was what crashed the first H200 runs: SIGSEGV inside the stream
+// insertion of the shapes, 2026-12-02, backtrace in benchmarks/results/h200-tests-2026-12-02.md.)
+using Describe = std::function<std::string()>;
+
 struct PlanKey {
   int device;
   int a_type, d_type, bias_type;
@@ -119,7 +125,7 @@ std::mutex g_plan_mu;  // guards the cache and the per-call pointer attributes o
 std::map<PlanKey, std::unique_ptr<Plan>> g_plans;
 
 // Builds (or finds) the plan. Called with g_plan_mu held.
-Plan &get_plan(const PlanKey &key, cublasLtHandle_t handle, const std::string &what) {
+Plan &get_plan(const PlanKey &key, cublasLtHandle_t handle, const Describe &what) {
   auto it = g_plans.find(key);
   if (it != g_plans.end()) return *it->second;
   if (g_plans.size() > 4096) g_plans.clear();  // bound the cache; plans are cheap to rebuild
@@ -181,14 +187,14 @@ Plan &get_plan(const PlanKey &key, cublasLtHandle_t handle, const std::string &w
   int found = 0;
   FG_LT_CHECK(cublasLtMatmulAlgoGetHeuristic(handle, plan->desc, plan->la, plan->lb, plan->ld,
                                              plan->ld, pref, 1, &result, &found), what);
-  TORCH_CHECK(found > 0, "fused_geglu cuBLASLt: no algorithm found for ", what);
+  TORCH_CHECK(found > 0, "fused_geglu cuBLASLt: no algorithm found for ", what());
   plan->algo = result.algo;
   return *g_plans.emplace(key, std::move(plan)).first->second;
 }
 
 // One cuBLASLt matmul D = op(A) op(B) (+ epilogue). Pointers of bias / aux may be null.
 void lt_matmul(PlanKey key, const void *A, const void *B, void *D, const void *bias, void *aux,
-               const std::string &what) {
+               const Describe &what) {
   key.al_a = ptr_alignment(A);
   key.al_b = ptr_alignment(B);
   key.al_d = ptr_alignment(D);
@@ -298,10 +304,12 @@ void linear_lt(at::Tensor &out, at::Tensor const &x, at::Tensor const &weight,
   key.tf32 = x.scalar_type() == at::kFloat && at::globalContext().allowTF32CuBLAS();
   lt_matmul(key, weight.data_ptr(), x.data_ptr(), out.data_ptr(),
             has_bias ? bias->data_ptr() : nullptr, has_aux ? preact_out->data_ptr() : nullptr,
-            shapes_str("linear_lt", {{"out", out}, {"x", x}, {"weight", weight},
-                                     {"bias", has_bias ? *bias : at::Tensor()},
-                                     {"preact_out", has_aux ? *preact_out : at::Tensor()}}) +
-                " epilogue " + std::to_string(int(epi)));
+            [&] {
+              return shapes_str("linear_lt", {{"out", out}, {"x", x}, {"weight", weight},
+                                              {"bias", has_bias ? *bias : at::Tensor()},
+                                              {"preact_out", has_aux ? *preact_out : at::Tensor()}}) +
+                     " epilogue " + std::to_string(int(epi));
+            });
 }
 
 void linear_lt_bwd_weight(at::Tensor &dw, std::optional<at::Tensor> const &db,
@@ -353,7 +361,9 @@ void linear_lt_bwd_weight(at::Tensor &dw, std::optional<at::Tensor> const &db,
   key.tf32 = x.scalar_type() == at::kFloat && at::globalContext().allowTF32CuBLAS();
   lt_matmul(key, x.data_ptr(), grad_y.data_ptr(), dw.data_ptr(),
             has_db ? db->data_ptr() : nullptr, nullptr,
-            shapes_str("linear_lt_bwd_weight", {{"dw", dw},
-                                                {"db", has_db ? *db : at::Tensor()},
-                                                {"grad_y", grad_y}, {"x", x}}));
+            [&] {
+              return shapes_str("linear_lt_bwd_weight", {{"dw", dw},
+                                                         {"db", has_db ? *db : at::Tensor()},
+                                                         {"grad_y", grad_y}, {"x", x}});
+            });
 }

@@ -28,7 +28,7 @@ from . import sm90_weights
 from ._ops import ops
 from ._opdef import _tracing, custom_op
 from ._views import rows
-from .policy import mlp_backend_for
+from .policy import mlp_backend_for, sm90_mlp_wins
 
 
 def _pick(device: torch.device, backend: str, m: int, h: int, i: int) -> str:
@@ -63,6 +63,7 @@ def geglu_mlp_fwd_op(x: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor, 
                      ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     x2 = rows(x)
     m, (i, h) = x2.shape[0], w_gate.shape
+    auto = _dispatch.requested(backend) == "auto"
     backend = _pick(x.device, backend, m, h, i)
     def empty():  # outputs may not alias each other: a fresh placeholder each time
         return x.new_empty((0,))
@@ -82,17 +83,21 @@ def geglu_mlp_fwd_op(x: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor, 
         gate = gate if save_preact else empty()
         up = up if save_preact else empty()
     elif backend == "cuda" and not save_preact and _dispatch.compiled_has("geglu_gateup_sm90", "cuda") \
-            and sm90_weights.usable(x2, w_gate):
+            and sm90_weights.usable(x2, w_gate) and (not auto or sm90_mlp_wins(m, h, x.device)):
         # Inference on Hopper: CUTLASS gate+up GEMM with the GeGLU epilogue, then cuBLAS down.
         hid = sm90_weights.gateup_sm90(ops, x2, w_gate, w_up, b_gate, b_up, approximate)
         y, gate, up = _addmm(b_down, hid, w_down), empty(), empty()
         _dispatch.record("geglu_mlp", "cuda:sm90")
         return y.view(*x.shape[:-1], h), gate, up
     else:
-        y, gate, up = _gemm_forward(x2, w_gate, w_up, w_down, b_gate, b_up, b_down, approximate, backend)
+        # With the auto policy the pointwise between the GEMMs is whichever measured faster at
+        # this size (geglu_fwd's rules); a forced backend runs its own.
+        pointwise = _geglu._pick(x.device, "auto", "fwd", m * i) if auto and backend == "cuda" else backend
+        y, gate, up = _gemm_forward(x2, w_gate, w_up, w_down, b_gate, b_up, b_down, approximate, pointwise)
         if not save_preact:
             gate, up = empty(), empty()
-    _dispatch.record("geglu_mlp", backend if backend == "triton" else f"{backend}+gemm")
+        backend = f"{pointwise}+gemm"
+    _dispatch.record("geglu_mlp", backend)
     return y.view(*x.shape[:-1], h), gate, up
 
 

@@ -36,3 +36,8 @@ def mlp_backend_for(m: int, h: int, i: int, device: torch.device | None = None) 
     """"triton" (fused kernels) or "cuda" (sm90 CUTLASS / cuBLAS + compiled pointwise)."""
     device = device or torch.device("cuda", torch.cuda.current_device())
     return backend_for("geglu_mlp", device, "triton", m=m, h=h)
+
+
+def sm90_mlp_wins(m: int, h: int, device: torch.device) -> bool:
+    """Whether the CUTLASS gate+up GEMM (inference) beat cuBLAS at this size on this GPU."""
+    return backend_for("geglu_mlp_sm90", device, "no", m=m, h=h) == "yes"
