@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import os
 
 import pytest
@@ -52,6 +53,35 @@ def test_linear_forward_backward(kernel, device, backend, dtype, activation, wit
     refs = torch.autograd.grad(ref_y, p64, grad.double())
     eagers = torch.autograd.grad(eager, params, grad)
     for name, o, r, e in zip(("dx", "dW", "db"), ours, refs, eagers):
+        assert_close(o, r, e, f"linear {name}")
+
+
+@pytest.mark.parametrize("backend", ["triton", None], ids=["triton", "auto"])
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("activation", [None, "gelu_tanh"])
+def test_linear_skinny_split_k(kernel, device, backend, dtype, activation):
+    """Decode sizes: few output tiles, so the Triton GEMM splits K and sums the slices in a second
+    kernel that runs the epilogue. The K here is split into slices with a ragged last one."""
+    _skip_unless(kernel, device, backend or "torch", dtype)
+    if backend is None and device == "cpu" and dtype == torch.bfloat16:
+        pytest.skip("auto on CPU is the compiled CPU backend; covered by test_linear_forward_backward")
+    m, k, n = (3, 70, 19) if device == "cpu" else (5, 2900, 300)  # interpreter: BLOCK_K 16; GPU: 128
+    tk_linear = importlib.import_module(kernel.__name__ + ".triton_kernels.linear")
+    cfg = tk_linear.get_config("linear_fwd", torch.device(device), dtype, m, n, k)
+    tiles = -(-m // cfg.BLOCK_M) * -(-n // cfg.BLOCK_N)
+    split, per = tk_linear._k_slices(cfg, tiles, k, torch.device(device))
+    assert split > 1 and k % per != 0, (cfg, split, per)  # the split path, ragged last slice
+    x = randn(m, k, dtype=dtype, device=device, requires_grad=True)
+    w = randn(n, k, dtype=dtype, device=device, scale=k**-0.5, requires_grad=True)
+    b = randn(n, dtype=dtype, device=device, requires_grad=True)
+    y = kernel.linear(x, w, b, activation=activation, backend=backend)
+    eager = _eager(x, w, b, activation)
+    assert_close(y, kernel.reference.linear_ref(x.detach(), w.detach(), b.detach(), activation), eager, "linear")
+    grad = randn(*y.shape, dtype=dtype, device=device)
+    ours = torch.autograd.grad(y, (x, w, b), grad)
+    p64 = [t.detach().double().requires_grad_() for t in (x, w, b)]
+    refs = torch.autograd.grad(kernel.reference.linear_ref(*p64, activation), p64, grad.double())
+    for name, o, r, e in zip(("dx", "dW", "db"), ours, refs, torch.autograd.grad(eager, (x, w, b), grad)):
         assert_close(o, r, e, f"linear {name}")
 
 

@@ -76,7 +76,8 @@ OPS: tuple[str, ...] = ("geglu_mlp", "linear", "geglu")  # order of work: the pr
 # --quick: one (shape, M) per op, the first of these that the filters leave.
 QUICK_PREFERENCE: tuple[tuple[str, int], ...] = (("blog", 8192), ("gemma-2b", 1024), ("gemma3-1b", 16))
 DECODE_MAX_M = 64  # rows with M <= this also get a CUDA-graph-replay forward
-OURS_BACKENDS: tuple[str, ...] = ("triton", "cuda")
+# "auto" is what a user gets (backend=None: the measured policy); the others force one backend.
+OURS_BACKENDS: tuple[str, ...] = ("auto", "triton", "cuda")
 BASELINES: tuple[str, ...] = ("eager", "compile", "liger")
 
 
@@ -135,7 +136,7 @@ class Row:
     H: int
     I: int
     M: int
-    provider: str  # eager | compile | compile-max | liger | ours-triton | ours-cuda
+    provider: str  # eager | compile | compile-max | liger | ours-auto | ours-triton | ours-cuda
     mode: str  # fwd | train | fwd_graph
     status: str = "pending"  # ok | FAILED | unavailable | error | skipped
     ok: bool = False
@@ -508,7 +509,9 @@ def bind_provider(torch, name: str, case: Case, kernel, args) -> tuple[Callable[
         if kernel is None:
             raise Unavailable(f"kernel not loaded: {args._kernel_error}")
         avail = args._available
-        if avail is not None and backend not in avail:
+        if backend == "auto":
+            backend = None
+        elif avail is not None and backend not in avail:
             raise Unavailable(f"backend {backend!r} not in available_backends={avail}")
         if op == "geglu":
             return (lambda i: kernel.geglu(case.sets[i]["gate"], case.sets[i]["up"], approximate=a, backend=backend)), info
@@ -758,6 +761,7 @@ class Run:
                 tol[mode] = row.checks
             del y, got
             want = row.provider.split("-", 1)[1] if row.provider.startswith("ours-") else None
+            want = None if want == "auto" else want
             if want and row.backend_ran and want not in row.backend_ran:
                 row.status, row.err = "unavailable", f"asked for {want!r}, {row.backend_ran!r} ran"
                 return
@@ -1059,6 +1063,7 @@ PROVIDER_STYLE = {
     "compile": ("tab:orange", "torch.compile"),
     "compile-max": ("tab:brown", "compile max-autotune"),
     "liger": ("tab:green", "Liger"),
+    "ours-auto": ("tab:purple", "ours (auto policy)"),
     "ours-triton": ("tab:blue", "ours (triton)"),
     "ours-cuda": ("tab:red", "ours (cuda)"),
     "eager": ("tab:gray", "eager"),

@@ -15,18 +15,25 @@ from . import _checks, _dispatch
 from ._ops import ops
 from ._opdef import custom_op
 from ._views import rows
+from .policy import backend_for
 from .reference import gelu_grad
 
 _GELU_APPROX = {"gelu": "none", "gelu_tanh": "tanh"}
 
 
-def _pick(device: torch.device, backend: str, activation: str) -> str:
+def _pick(device: torch.device, backend: str, activation: str, m: int) -> str:
     backend = _dispatch.requested(backend)
     if backend == "auto":
         avail = _dispatch.available_backends(device)
         # cuBLASLt has only a tanh-GELU epilogue; exact GELU goes to Triton.
         if "cuda" in avail and _dispatch.cublaslt_enabled() and activation != "gelu":
             return "cuda"
+        if device.type == "cuda":
+            # Measured (policy_sm90.json): the split-K Triton GEMM at decode sizes, ATen's addmm
+            # (cuBLASLt with the BIAS epilogue, the same fusion) above them.
+            choice = backend_for("linear" if activation == "none" else "linear_act", device, "triton", m=m)
+            if choice in avail:
+                return choice
         for cand in ("triton", "cpu", "torch"):
             if cand in avail:
                 return cand
@@ -43,6 +50,9 @@ def _pick(device: torch.device, backend: str, activation: str) -> str:
 
 
 def _aten_forward(x2, weight, bias, activation, preact):
+    if activation == "gelu_tanh" and preact is None and bias is not None and x2.is_cuda:
+        # cuBLASLt's GELU_BIAS epilogue (tanh GELU) through ATen: one pass, nothing to save.
+        return torch._addmm_activation(bias, x2, weight.t(), use_gelu=True)
     y = torch.addmm(bias, x2, weight.t()) if bias is not None else x2 @ weight.t()
     if activation == "none":
         return y
@@ -54,9 +64,9 @@ def _aten_forward(x2, weight, bias, activation, preact):
 @custom_op("linear_fwd_op", mutates_args=())
 def linear_fwd_op(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, activation: str,
                   save_preact: bool, backend: str) -> tuple[torch.Tensor, torch.Tensor]:
-    backend = _pick(x.device, backend, activation)
     x2 = rows(x)
     m, n = x2.shape[0], weight.shape[0]
+    backend = _pick(x.device, backend, activation, m)
     keep = save_preact and activation != "none"
     preact = torch.empty((m, n) if keep else (0,), dtype=x.dtype, device=x.device)
     out = torch.empty((m, n), dtype=x.dtype, device=x.device)
@@ -84,8 +94,8 @@ def _(x, weight, bias, activation, save_preact, backend):
 @custom_op("linear_bwd_op", mutates_args=())
 def linear_bwd_op(grad_out: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, preact: torch.Tensor,
                   has_bias: bool, activation: str, backend: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    backend = _pick(x.device, backend, activation)
     g2, x2 = rows(grad_out), rows(x)
+    backend = _pick(x.device, backend, activation, x2.shape[0])
     n, k = weight.shape
     dx = torch.empty((x2.shape[0], k), dtype=x.dtype, device=x.device)
     dw = torch.empty((n, k), dtype=weight.dtype, device=weight.device)

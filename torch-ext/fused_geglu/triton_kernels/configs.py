@@ -40,6 +40,9 @@ KERNELS = (
     "dh_bwd",
 )
 POINTWISE_KERNELS = ("geglu_fwd", "geglu_bwd")
+# Kernels whose launcher can split K (the epilogue then runs in the reduction kernel).
+SPLIT_K_KERNELS = ("linear_fwd", "linear_fwd_act")
+MAX_SPLIT_K = 16
 # How many B-operand tiles each GEMM kernel streams per K step (gateup_fwd has two weights).
 _NUM_B_OPERANDS = {"gateup_fwd": 2}
 
@@ -52,6 +55,11 @@ class KernelConfig:
     GROUP_M: int = 8
     num_warps: int = 4
     num_stages: int = 3
+    # K splits of a skinny GEMM (linear_fwd*: one program per (N tile, K slice), the slices summed by a
+    # second small kernel). 1 = no split; 0 = as many as it takes to give every SM two programs (at
+    # most MAX_SPLIT_K), because at decode sizes there are too few output tiles to stream the weight
+    # at full bandwidth.
+    SPLIT_K: int = 1
 
     @classmethod
     def from_dict(cls, d: dict) -> "KernelConfig":
@@ -79,7 +87,9 @@ def config_supports(kernel: str, cfg: KernelConfig, elem_size: int = 2, smem_byt
         return cfg.BLOCK_M * cfg.BLOCK_N <= 65536
     if not _pow2(cfg.BLOCK_K) or min(cfg.BLOCK_M, cfg.BLOCK_N, cfg.BLOCK_K) < 16:
         return False
-    if cfg.GROUP_M < 1 or cfg.num_stages < 1:
+    if cfg.GROUP_M < 1 or cfg.num_stages < 1 or not 0 <= cfg.SPLIT_K <= MAX_SPLIT_K:
+        return False
+    if cfg.SPLIT_K != 1 and kernel not in SPLIT_K_KERNELS:
         return False
     if kernel == "dh_bwd" and cfg.BLOCK_N < 32:  # split into two BLOCK_N/2 accumulators, each >= 16
         return False
@@ -120,6 +130,8 @@ _INTERPRETER = {
 }
 _INTERPRETER["dh_bwd"] = KernelConfig(BLOCK_M=16, BLOCK_N=32, BLOCK_K=16, GROUP_M=2, num_warps=1, num_stages=1)
 _INTERPRETER_GEMM = KernelConfig(BLOCK_M=16, BLOCK_N=16, BLOCK_K=16, GROUP_M=2, num_warps=1, num_stages=1)
+# Skinny M under the interpreter takes the split-K path, so the CPU tests cover both launchers.
+_INTERPRETER_SPLIT_K = dataclasses.replace(_INTERPRETER_GEMM, SPLIT_K=0)
 
 # Generic CUDA GPU (any arch without a JSON): conservative, fits sm80-class shared memory.
 _GENERIC_GPU = {
@@ -134,6 +146,7 @@ _GENERIC_GPU = {
 }
 _SMALL_M_GPU = KernelConfig(16, 64, 64, 1, 4, 4)  # skinny M (decode): weight-bandwidth bound
 _SMALL_M_MAX = 16
+SKINNY_M_MAX = 64  # M buckets up to this are decode sizes (tune.py times them as CUDA-graph replays)
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -186,10 +199,12 @@ def _lookup(kernel: str, capability: Tuple[int, int], m: int, n: int, k: int) ->
         if key in tuned:
             return tuned[key]
         want = math.log2(m_bucket(m))
+        skinny = m_bucket(m) <= SKINNY_M_MAX
         best = None
         for tkey, cfg in tuned.items():
             p = _parse_key(tkey)
-            if p.get("N") == n and p.get("K") == k:
+            # A decode-size entry (narrow tiles, K splits) never stands in for a large M, nor the reverse.
+            if p.get("N") == n and p.get("K") == k and (p["M"] <= SKINNY_M_MAX) == skinny:
                 d = abs(math.log2(p["M"]) - want)
                 if best is None or d < best[0]:
                     best = (d, cfg)
@@ -208,6 +223,8 @@ def get_config(kernel: str, device: torch.device, dtype: torch.dtype, m: int, n:
     if kernel not in KERNELS:
         raise ValueError(f"unknown kernel {kernel!r}; expected one of {KERNELS}")
     if device.type != "cuda":  # CPU tensors = TRITON_INTERPRET=1
+        if kernel in SPLIT_K_KERNELS and m <= _SMALL_M_MAX:
+            return _INTERPRETER_SPLIT_K
         return _INTERPRETER.get(kernel, _INTERPRETER_GEMM)
     index = device.index if device.index is not None else torch.cuda.current_device()
     capability = tuple(torch.cuda.get_device_capability(index))

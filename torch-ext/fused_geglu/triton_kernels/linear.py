@@ -13,14 +13,24 @@ Conventions shared with mlp.py:
   kernel BLOCK_M / BLOCK_N tile the kernel's own output and BLOCK_K steps its reduction.
 """
 
+import functools
 from typing import Optional
 
 import torch
 import triton
 import triton.language as tl
 
-from ._common import act_from_activation, dot_precision, gelu, gelu_grad, grouped_tile, or_dummy, store_tile
-from .configs import get_config
+from ._common import (
+    act_from_activation,
+    dot_precision,
+    gelu,
+    gelu_grad,
+    grouped_tile,
+    load_tile,
+    or_dummy,
+    store_tile,
+)
+from .configs import MAX_SPLIT_K, get_config
 
 
 @triton.jit
@@ -52,6 +62,60 @@ def _linear_fwd_kernel(
         acc = tl.dot(a, b, acc, input_precision=DOT_PREC)
         a_ptrs += BLOCK_K
         b_ptrs += BLOCK_K
+    if HAS_BIAS:
+        acc += tl.load(bias_ptr + offs_n, mask=offs_n < N, other=0.0).to(tl.float32)[None, :]
+    if STORE_PREACT:
+        store_tile(preact_ptr, stride_pm, offs_m, offs_n, M, N, acc)
+    store_tile(out_ptr, stride_om, offs_m, offs_n, M, N, gelu(acc, ACT))
+
+
+@triton.jit
+def _linear_splitk_kernel(
+    x_ptr, w_ptr, part_ptr,  # x [M, K], w [N, K], part [SPLIT, M, N] fp32 partial sums
+    M, N, K, K_PER_SPLIT,
+    stride_xm, stride_wn,
+    EVEN_K: tl.constexpr, DOT_PREC: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+):
+    # Skinny M (decode): an [M, N] output has too few tiles to keep every SM streaming the weight,
+    # so each program also takes one K slice and stores its fp32 partial sum; _splitk_reduce_kernel
+    # adds the slices in a fixed order (deterministic, no atomics) and runs the epilogue.
+    pid_n, pid_m, pid_s = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    rk = pid_s * K_PER_SPLIT + tl.arange(0, BLOCK_K)  # absolute k of this slice's first step
+    am = (offs_m % M).to(tl.int64)
+    bn = (offs_n % N).to(tl.int64)
+    a_ptrs = x_ptr + am[:, None] * stride_xm + rk[None, :]  # [BM, BK]
+    b_ptrs = w_ptr + bn[None, :] * stride_wn + rk[:, None]  # [BK, BN] = W.T tile
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k0 in range(0, K_PER_SPLIT, BLOCK_K):
+        if EVEN_K:  # every slice is whole: K is a multiple of K_PER_SPLIT (itself of BLOCK_K)
+            a = tl.load(a_ptrs)
+            b = tl.load(b_ptrs)
+        else:
+            k_ok = rk + k0 < K
+            a = tl.load(a_ptrs, mask=k_ok[None, :], other=0.0)
+            b = tl.load(b_ptrs, mask=k_ok[:, None], other=0.0)
+        acc = tl.dot(a, b, acc, input_precision=DOT_PREC)
+        a_ptrs += BLOCK_K
+        b_ptrs += BLOCK_K
+    store_tile(part_ptr + pid_s.to(tl.int64) * M * N, N, offs_m, offs_n, M, N, acc)
+
+
+@triton.jit
+def _splitk_reduce_kernel(
+    part_ptr, bias_ptr, out_ptr, preact_ptr,  # part [SPLIT, M, N] fp32; bias [N]; out/preact [M, N]
+    M, N, SPLIT,
+    stride_om, stride_pm,
+    HAS_BIAS: tl.constexpr, ACT: tl.constexpr, STORE_PREACT: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+):
+    offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for s in range(0, SPLIT):
+        acc += load_tile(part_ptr + s * M * N, N, offs_m, offs_n, M, N)
     if HAS_BIAS:
         acc += tl.load(bias_ptr + offs_n, mask=offs_n < N, other=0.0).to(tl.float32)[None, :]
     if STORE_PREACT:
@@ -179,7 +243,25 @@ def linear_fwd(
         out.copy_(torch.nn.functional.gelu(pre, approximate="tanh" if act == 2 else "none") if act else pre)
         return out
     cfg = get_config("linear_fwd_act" if act else "linear_fwd", x.device, x.dtype, m, n, k)
-    grid = (triton.cdiv(m, cfg.BLOCK_M) * triton.cdiv(n, cfg.BLOCK_N),)
+    tiles = triton.cdiv(m, cfg.BLOCK_M) * triton.cdiv(n, cfg.BLOCK_N)
+    split, k_per_split = _k_slices(cfg, tiles, k, x.device)
+    if split > 1:
+        part = torch.empty((split, m, n), device=x.device, dtype=torch.float32)
+        _linear_splitk_kernel[(triton.cdiv(n, cfg.BLOCK_N), triton.cdiv(m, cfg.BLOCK_M), split)](
+            x, weight, part, m, n, k, k_per_split, x.stride(0), weight.stride(0),
+            EVEN_K=k % k_per_split == 0, DOT_PREC=dot_precision(x.dtype),
+            BLOCK_M=cfg.BLOCK_M, BLOCK_N=cfg.BLOCK_N, BLOCK_K=cfg.BLOCK_K,
+            num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        )
+        # The reduction moves split * M * N fp32 values: a few KB at decode sizes, one fixed tile.
+        _splitk_reduce_kernel[(triton.cdiv(m, 16), triton.cdiv(n, 128))](
+            part, or_dummy(bias, out), out, or_dummy(preact_out, out), m, n, split,
+            out.stride(0), preact_out.stride(0) if preact_out is not None else 0,
+            HAS_BIAS=bias is not None, ACT=act, STORE_PREACT=preact_out is not None,
+            BLOCK_M=16, BLOCK_N=128, num_warps=4,
+        )
+        return out
+    grid = (tiles,)
     _linear_fwd_kernel[grid](
         x, weight, or_dummy(bias, out), out, or_dummy(preact_out, out), m, n, k,
         x.stride(0), weight.stride(0), out.stride(0),
@@ -190,6 +272,29 @@ def linear_fwd(
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     return out
+
+
+def _sm_count(device: torch.device) -> int:
+    if device.type != "cuda":
+        return 4  # the interpreter: any small number, so that CPU tests take the split path
+    return _cuda_sm_count(device.index if device.index is not None else torch.cuda.current_device())
+
+
+@functools.lru_cache(maxsize=None)
+def _cuda_sm_count(index: int) -> int:
+    return torch.cuda.get_device_properties(index).multi_processor_count
+
+
+def _k_slices(cfg, tiles: int, k: int, device: torch.device) -> tuple:
+    """(number of K slices, K per slice) for `cfg.SPLIT_K` (0 = two programs per SM); every slice
+    is a whole number of BLOCK_K steps and none is empty."""
+    if cfg.SPLIT_K == 1:
+        return 1, k
+    want = cfg.SPLIT_K or triton.cdiv(2 * _sm_count(device), tiles)
+    k_blocks = triton.cdiv(k, cfg.BLOCK_K)
+    split = max(1, min(want, k_blocks, MAX_SPLIT_K))
+    k_per_split = triton.cdiv(k_blocks, split) * cfg.BLOCK_K
+    return triton.cdiv(k, k_per_split), k_per_split
 
 
 def linear_bwd_input(

@@ -46,6 +46,24 @@ _GEMM_CANDIDATES = [
     KernelConfig(16, 32, 256, 1, 4, 4),
     KernelConfig(32, 64, 128, 4, 4, 4),
 ]
+# Decode sizes (M <= 64): weight-bandwidth bound, so narrow N tiles (more programs) and deep pipelines;
+# the linear kernels also try K splits (SPLIT_K 0 = two programs per SM).
+_SKINNY_CANDIDATES = [
+    KernelConfig(16, 64, 128, 1, 4, 4),
+    KernelConfig(16, 32, 128, 1, 4, 4),
+    KernelConfig(16, 32, 256, 1, 4, 4),
+    KernelConfig(16, 64, 256, 1, 4, 3),
+    KernelConfig(16, 128, 128, 1, 4, 4),
+    KernelConfig(16, 16, 256, 1, 2, 5),
+]
+_SKINNY_SPLIT_CANDIDATES = _SKINNY_CANDIDATES + [
+    KernelConfig(16, 64, 128, 1, 4, 4, SPLIT_K=0),
+    KernelConfig(16, 32, 128, 1, 4, 4, SPLIT_K=0),
+    KernelConfig(16, 64, 256, 1, 4, 3, SPLIT_K=0),
+    KernelConfig(16, 128, 128, 1, 4, 4, SPLIT_K=0),
+    KernelConfig(16, 64, 128, 1, 4, 4, SPLIT_K=4),
+    KernelConfig(16, 128, 64, 1, 4, 4, SPLIT_K=8),
+]
 _POINTWISE_CANDIDATES = [
     KernelConfig(BLOCK_M=bm, BLOCK_N=bn, num_warps=w)
     for bm, bn, w in [(1, 2048, 4), (2, 1024, 4), (4, 1024, 4), (4, 1024, 8), (8, 1024, 8), (4, 2048, 8),
@@ -95,21 +113,24 @@ def tune(kernel, shapes, dtype=torch.bfloat16, candidates=None, verbose=True):
     dev = torch.device("cuda")
     smem = _configs._device_smem(torch.cuda.current_device())
     elem = torch.empty((), dtype=dtype).element_size()
-    if candidates is None:
-        candidates = _POINTWISE_CANDIDATES if kernel in _configs.POINTWISE_KERNELS else _GEMM_CANDIDATES
     mods = [importlib.import_module(f"{__package__}.{x}") for x in ("geglu", "linear", "mlp")]
     best = {}
     for m, n, k in shapes:
         call, nbytes, flops = _make_call(kernel, m, n, k, dtype, dev)
         results = []
-        for cfg in candidates:
+        for cfg in candidates or _candidates(kernel, m):
             if not config_supports(kernel, cfg, elem, smem):
                 continue
             # Force this candidate: the launchers resolve get_config through their module globals.
             for mod in mods:
                 mod.get_config = lambda *a, _c=cfg, **kw: _c
             try:
-                ms = triton.testing.do_bench(call, warmup=25, rep=100)
+                # Decode sizes are timed as CUDA-graph replays: that is how they run in serving,
+                # and plain launches would time the launch overhead instead of the kernels.
+                if m <= _configs.SKINNY_M_MAX:
+                    ms = triton.testing.do_bench_cudagraph(call, rep=100)
+                else:
+                    ms = triton.testing.do_bench(call, warmup=25, rep=100)
             except Exception as e:  # out of resources etc.
                 if verbose:
                     print(f"  {cfg}: failed ({type(e).__name__}: {str(e)[:80]})")
@@ -126,6 +147,14 @@ def tune(kernel, shapes, dtype=torch.bfloat16, candidates=None, verbose=True):
             best[shape_key(m, n, k)] = cfg.to_dict()
             print(f"best {kernel} {(m, n, k)}: {cfg} {ms * 1e3:.1f} us")
     return best
+
+
+def _candidates(kernel, m):
+    if kernel in _configs.POINTWISE_KERNELS:
+        return _POINTWISE_CANDIDATES
+    if m <= _configs.SKINNY_M_MAX:
+        return _SKINNY_SPLIT_CANDIDATES if kernel in _configs.SPLIT_K_KERNELS else _SKINNY_CANDIDATES
+    return _GEMM_CANDIDATES
 
 
 def write(kernel, best, capability=None):
