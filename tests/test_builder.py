@@ -126,3 +126,28 @@ def test_compile_error_is_shown_and_leaves_nothing(tmp_path, repo_root):
     assert "deliberately broken for the test" in proc.stderr, proc.stderr[-2000:]
     leftovers = [p.name for p in (tmp_path / "build").iterdir()] if (tmp_path / "build").exists() else []
     assert not [n for n in leftovers if n.startswith("torch2") or n.startswith(".partial")], leftovers
+
+
+def test_compiled_variants_load_the_shared_cpp_runtime(build_dir):
+    """A torch extension must use the process's libstdc++.so.6, never a static copy (which crashed the
+    CUDA variant's stream insertions on the H200: see toolchain.shared_libstdcxx_flags)."""
+    from fused_geglu_tools import toolchain
+
+    sos = list(build_dir.glob("torch*-cxx11-*/*.so"))
+    if not sos:
+        pytest.skip("no compiled variant in build/")
+    for so in sos:
+        assert any(n.startswith("libstdc++.so") for n in toolchain.needed_libraries(so)), so
+
+
+def test_missing_libstdcxx_dev_link_falls_back_to_the_shared_runtime(tmp_path):
+    from fused_geglu_tools import toolchain
+
+    fake = tmp_path / "g++"
+    fake.write_text("#!/bin/sh\necho libstdc++.so\n")  # what g++ prints when it has no such file
+    fake.chmod(0o755)
+    assert toolchain.shared_libstdcxx_flags(str(fake)) == ["-l:libstdc++.so.6"]
+    real = shutil.which("g++")
+    if real:
+        dev = subprocess.run([real, "-print-file-name=libstdc++.so"], capture_output=True, text=True).stdout.strip()
+        assert toolchain.shared_libstdcxx_flags(real) == ([] if os.path.isabs(dev) else ["-l:libstdc++.so.6"])

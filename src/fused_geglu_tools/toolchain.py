@@ -10,6 +10,7 @@ from __future__ import annotations
 import importlib.util
 import os
 import shutil
+import subprocess
 import sysconfig
 from dataclasses import dataclass
 from pathlib import Path
@@ -165,3 +166,36 @@ def cublaslt_link_flags(library_dirs: tuple[str, ...]) -> list[str]:
         if (Path(d) / "libcublasLt.so").exists():
             return [f"-L{d}", "-lcublasLt"]
     raise ToolchainError("libcublasLt not found (CUDA toolkit lib64 or the nvidia-cublas wheel)")
+
+
+def shared_libstdcxx_flags(cxx: str) -> list[str]:
+    """Link the C++ runtime as the shared ``libstdc++.so.6`` that torch's process already has.
+
+    Where the compiler's ``libstdc++.so`` development link is missing (the H200 image's g++ 13),
+    ``g++ -shared`` silently takes ``libstdc++.a`` instead, and the extension carries a second copy
+    of the runtime's statics: its own locale facet ids, so a stream insertion inside the extension
+    (a ``TORCH_CHECK`` message, ``c10::str``) indexed the wrong facet and crashed (the cuBLASLt
+    SIGSEGV of 2026-12-02), and two sets of runtime destructors ran at exit.
+    """
+    dev_link = subprocess.run([cxx, "-print-file-name=libstdc++.so"], capture_output=True, text=True).stdout.strip()
+    if dev_link and os.path.isabs(dev_link) and os.path.exists(dev_link):
+        return []  # the usual case: -lstdc++ (implicit) finds the shared library
+    return ["-l:libstdc++.so.6"]
+
+
+def needed_libraries(path: Path) -> list[str]:
+    """DT_NEEDED entries of an ELF shared object (``readelf -d``)."""
+    out = subprocess.run(["readelf", "-d", str(path)], capture_output=True, text=True, check=True).stdout
+    return [line.split("[", 1)[1].split("]", 1)[0] for line in out.splitlines() if "(NEEDED)" in line]
+
+
+def check_shared_libstdcxx(path: Path) -> None:
+    """Refuse an extension that does not load the shared C++ runtime (see shared_libstdcxx_flags)."""
+    if shutil.which("readelf") is None:
+        return  # binutils ships readelf beside ld; without it there is nothing to check with
+    needed = needed_libraries(path)
+    if not any(n.startswith("libstdc++.so") for n in needed):
+        raise ToolchainError(
+            f"{path.name} does not link the shared libstdc++ (DT_NEEDED: {needed}); a statically linked "
+            "C++ runtime inside a torch extension crashes on stream insertion and at exit"
+        )

@@ -35,7 +35,8 @@ def backend_for(op: str, device: torch.device, fallback: str, **sizes: int) -> s
 def mlp_backend_for(m: int, h: int, i: int, device: torch.device | None = None) -> str:
     """"triton" (fused kernels) or "cuda" (sm90 CUTLASS / cuBLAS + compiled pointwise)."""
     device = device or torch.device("cuda", torch.cuda.current_device())
-    return backend_for("geglu_mlp", device, "triton", m=m, h=h)
+    capturing = int(device.type == "cuda" and torch.cuda.is_current_stream_capturing())
+    return backend_for("geglu_mlp", device, "triton", m=m, h=h, capturing=capturing)
 
 
 def sm90_mlp_wins(m: int, h: int, device: torch.device) -> bool:
