@@ -76,7 +76,13 @@ def linear_fwd_op(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
 
             tk.linear_fwd(out, x2, weight, bias, activation, preact if keep else None)
         elif backend == "cuda":
-            ops.linear_lt(out, x2, weight, bias, 0 if activation == "none" else 1, preact if keep else None)
+            if keep and n % 8:
+                # cuBLASLt's aux output (the saved pre-activation) needs a 16-byte-aligned leading
+                # dimension; for other widths the BIAS epilogue writes it and GELU is a second pass.
+                ops.linear_lt(preact, x2, weight, bias, 0, None)
+                out.copy_(F.gelu(preact, approximate=_GELU_APPROX[activation]))
+            else:
+                ops.linear_lt(out, x2, weight, bias, 0 if activation == "none" else 1, preact if keep else None)
         else:
             out.copy_(_aten_forward(x2, weight, bias, activation, preact if keep else None))
     _dispatch.record("linear", backend)
