@@ -50,9 +50,6 @@ def _pick(device: torch.device, backend: str, activation: str, m: int) -> str:
 
 
 def _aten_forward(x2, weight, bias, activation, preact):
-    if activation == "gelu_tanh" and preact is None and bias is not None and x2.is_cuda:
-        # cuBLASLt's GELU_BIAS epilogue (tanh GELU) through ATen: one pass, nothing to save.
-        return torch._addmm_activation(bias, x2, weight.t(), use_gelu=True)
     y = torch.addmm(bias, x2, weight.t()) if bias is not None else x2 @ weight.t()
     if activation == "none":
         return y
