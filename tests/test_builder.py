@@ -92,6 +92,25 @@ def test_copied_tree_takes_the_commit_it_was_copied_from(tmp_path, monkeypatch):
     assert source_identity(tmp_path).commit is None
 
 
+def test_named_commit_wins_over_a_stale_head(tmp_path, monkeypatch):
+    """A copy whose own HEAD is stale records the commit its copier names, not that HEAD."""
+    (tmp_path / "f.py").write_text("x = 1\n")
+    git = ["git", "-C", str(tmp_path), "-c", "user.name=t", "-c", "user.email=t@t"]
+    subprocess.run(["git", "init", "-q", str(tmp_path)], check=True)
+    subprocess.run([*git, "add", "-A"], check=True)
+    subprocess.run([*git, "commit", "-q", "-m", "old"], check=True)
+    stale = subprocess.run([*git, "rev-parse", "HEAD"], capture_output=True, text=True, check=True).stdout.strip()
+    (tmp_path / "f.py").write_text("x = 2\n")  # the copied content: another commit's
+    monkeypatch.setenv("FUSED_GEGLU_COMMIT", "b" * 40)
+    monkeypatch.setenv("FUSED_GEGLU_DIRTY", "0")
+    ident = source_identity(tmp_path)
+    assert ident.commit == "b" * 40 != stale and not ident.dirty
+    monkeypatch.setenv("FUSED_GEGLU_COMMIT", stale)  # naming the copy's own HEAD: compared with it
+    assert source_identity(tmp_path).dirty
+    monkeypatch.delenv("FUSED_GEGLU_COMMIT")
+    assert source_identity(tmp_path).commit == stale
+
+
 def _copy_sources(repo_root, dest):
     for name in ("build.toml", "torch-ext", "kernel_src"):
         src = repo_root / name

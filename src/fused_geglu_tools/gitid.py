@@ -67,9 +67,17 @@ def source_identity(root: Path, fallback_paths: list[Path] | None = None) -> Sou
         _git(root, "add", "-A", env=env)
         tree = _git(root, "write-tree", env=env)
     dirty = tree != head_tree
-    if commit is None and os.environ.get("FUSED_GEGLU_COMMIT"):
-        # A repository with no commit of its own (a copied tree, as on a build machine): the commit
-        # it was copied from is passed in by whoever copied it.
-        commit = os.environ["FUSED_GEGLU_COMMIT"]
-        dirty = os.environ.get("FUSED_GEGLU_DIRTY", "1") != "0"
+    env_commit = os.environ.get("FUSED_GEGLU_COMMIT")
+    if env_commit and env_commit != commit:
+        # A copied tree (a build machine's): whoever copied it names the commit it came from. The
+        # copy's own git state says nothing about that: it may have no commit, or a stale one (the
+        # H200 machine's copies reported an old HEAD, so device builds recorded the wrong commit).
+        # Clean means the tree matches that commit's tree, where the copy knows the commit;
+        # otherwise the copier says so with FUSED_GEGLU_DIRTY=0.
+        try:
+            env_tree = _git(root, "rev-parse", "--verify", "-q", f"{env_commit}^{{tree}}")
+        except subprocess.CalledProcessError:
+            env_tree = None
+        commit = env_commit
+        dirty = tree != env_tree if env_tree else os.environ.get("FUSED_GEGLU_DIRTY", "1") != "0"
     return SourceIdentity(uid=tree[:7] + ("_dirty" if dirty else ""), commit=commit, dirty=dirty)
