@@ -1,6 +1,7 @@
 """``fused-geglu bench``: the side-by-side comparison of fused-geglu with its baselines (GPU only).
 
-For each op (``geglu_mlp``, ``linear`` with bias, ``geglu`` pointwise) and each model shape
+For each op (``geglu_mlp``, ``linear`` with bias, ``linear_gelu`` = bias + tanh GELU, ``geglu``
+pointwise) and each model shape
 (Gemma3-1B, Gemma-2B, Gemma2-9B MLPs at M = 16, 1024, 8192 tokens, and the blog shape M=8192,
 H=768, I=3072), in one process:
 
@@ -72,7 +73,8 @@ SHAPES: tuple[Shape, ...] = (
 # CPU smoke run (--smoke-cpu): exercises the whole pipeline, measures nothing worth keeping.
 SMOKE_SHAPES: tuple[Shape, ...] = (Shape("tiny", 64, 96, (16, 40)),)
 
-OPS: tuple[str, ...] = ("geglu_mlp", "linear", "geglu")  # order of work: the product first
+OPS: tuple[str, ...] = ("geglu_mlp", "linear", "linear_gelu", "geglu")  # order of work: the product first
+LINEAR_OPS = ("linear", "linear_gelu")  # linear_gelu: activation="gelu_tanh" vs F.gelu(F.linear(...))
 # --quick: one (shape, M) per op, the first of these that the filters leave.
 QUICK_PREFERENCE: tuple[tuple[str, int], ...] = (("blog", 8192), ("gemma-2b", 1024), ("gemma3-1b", 16))
 DECODE_MAX_M = 64  # rows with M <= this also get a CUDA-graph-replay forward
@@ -106,7 +108,7 @@ def cost(op: str, mode: str, M: int, H: int, I: int, elt: int = 2) -> tuple[floa
     if op == "geglu":  # gate, up [M, I] -> out [M, I]; bwd reads dy, gate, up, writes dgate, dup
         flops = 0.0  # pointwise: the floor is the bytes
         nbytes = (8 if train else 3) * M * I * elt
-    elif op == "linear":  # x [M, H] @ w[I, H]^T + b[I] -> y [M, I]
+    elif op in LINEAR_OPS:  # x [M, H] @ w[I, H]^T + b[I] -> y [M, I]
         K, N = H, I
         flops = (6.0 if train else 2.0) * M * N * K
         if train:  # fwd: x, w, b, y; bwd: dy, x, w in; dx, dw, db out
@@ -292,7 +294,7 @@ class Case:
         if op == "geglu":
             spec = {"gate": ((M, I), 1.0), "up": ((M, I), 1.0), "dy": ((M, I), 1.0)}
             self.leaves = ("gate", "up")
-        elif op == "linear":
+        elif op in LINEAR_OPS:
             spec = {"x": ((M, H), 1.0), "w": ((I, H), H**-0.5), "b": ((I,), 0.5), "dy": ((M, I), 1.0)}
             self.leaves = ("x", "w", "b")
         elif op == "geglu_mlp":
@@ -362,6 +364,8 @@ class Case:
                 y = F.gelu(d["gate"], approximate=a) * d["up"]
             elif self.op == "linear":
                 y = F.linear(d["x"], d["w"], d["b"])
+            elif self.op == "linear_gelu":
+                y = F.gelu(F.linear(d["x"], d["w"], d["b"]), approximate="tanh")
             else:
                 y = F.linear(F.gelu(F.linear(d["x"], d["wg"]), approximate=a) * F.linear(d["x"], d["wu"]), d["wd"])
             out = {"out": y.detach()}
@@ -445,11 +449,22 @@ def _functional(torch, op, approximate):
             return F.linear(x, w, b)
 
         return fn, ("x", "w", "b")
+    if op == "linear_gelu":
+
+        def fn(x, w, b):
+            return F.gelu(F.linear(x, w, b), approximate="tanh")
+
+        return fn, ("x", "w", "b")
 
     def fn(x, wg, wu, wd):
         return F.linear(F.gelu(F.linear(x, wg), approximate=approximate) * F.linear(x, wu), wd)
 
     return fn, ("x", "wg", "wu", "wd")
+
+
+def _recorded_as(op: str) -> str:
+    """The name the kernel's ``last_backend`` knows the op by."""
+    return "linear" if op in LINEAR_OPS else op
 
 
 def bind_provider(torch, name: str, case: Case, kernel, args) -> tuple[Callable[[int], Any], dict]:
@@ -475,7 +490,7 @@ def bind_provider(torch, name: str, case: Case, kernel, args) -> tuple[Callable[
         cfn = torch.compile(fn, dynamic=False, mode=mode)
         return (lambda i: cfn(*(case.sets[i][n] for n in names))), info
     if name == "liger":
-        if op == "linear":
+        if op in LINEAR_OPS:
             raise Unavailable("Liger has no bias-epilogue linear")
         if a != "tanh":
             raise Unavailable("Liger's GEGLU is tanh-only")
@@ -515,9 +530,10 @@ def bind_provider(torch, name: str, case: Case, kernel, args) -> tuple[Callable[
             raise Unavailable(f"backend {backend!r} not in available_backends={avail}")
         if op == "geglu":
             return (lambda i: kernel.geglu(case.sets[i]["gate"], case.sets[i]["up"], approximate=a, backend=backend)), info
-        if op == "linear":
+        if op in LINEAR_OPS:
             s_ = case.sets
-            return (lambda i: kernel.linear(s_[i]["x"], s_[i]["w"], s_[i]["b"], backend=backend)), info
+            act = "gelu_tanh" if op == "linear_gelu" else None
+            return (lambda i: kernel.linear(s_[i]["x"], s_[i]["w"], s_[i]["b"], activation=act, backend=backend)), info
         s_ = case.sets
         return (
             lambda i: kernel.geglu_mlp(s_[i]["x"], s_[i]["wg"], s_[i]["wu"], s_[i]["wd"], approximate=a, backend=backend)
@@ -701,11 +717,11 @@ class Run:
             with torch.no_grad():
                 if case.op == "geglu":
                     kernel.geglu(s["gate"], s["up"], approximate=case.approximate)
-                elif case.op == "linear":
-                    kernel.linear(s["x"], s["w"], s["b"])
+                elif case.op in LINEAR_OPS:
+                    kernel.linear(s["x"], s["w"], s["b"], activation="gelu_tanh" if case.op == "linear_gelu" else None)
                 else:
                     kernel.geglu_mlp(s["x"], s["wg"], s["wu"], s["wd"], approximate=case.approximate)
-            ran = str(kernel.last_backend(case.op))
+            ran = str(kernel.last_backend(_recorded_as(case.op)))
         except Exception as exc:  # noqa: BLE001
             ran = f"error: {_short(exc, 120)}"
         self.dispatch.append({"op": case.op, "shape": case.shape.name, "M": case.M, "auto_backend": ran})
@@ -748,7 +764,7 @@ class Run:
                 self.compile_total_s += first_s
             if row.provider.startswith("ours-") and hasattr(kernel, "last_backend"):
                 try:
-                    ran = kernel.last_backend(case.op)
+                    ran = kernel.last_backend(_recorded_as(case.op))
                     row.backend_ran = None if ran is None else str(ran)
                 except Exception:  # noqa: BLE001
                     row.backend_ran = None
