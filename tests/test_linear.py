@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import importlib
-import os
 
 import pytest
 import torch
@@ -30,8 +29,6 @@ def _eager(x, w, b, activation):
 @pytest.mark.parametrize("shape", SHAPES, ids=str)
 def test_linear_forward_backward(kernel, device, backend, dtype, activation, with_bias, shape):
     _skip_unless(kernel, device, backend, dtype)
-    if backend == "cuda" and os.environ.get("FUSED_GEGLU_CUBLASLT") != "1":
-        pytest.skip("the cuBLASLt linear is opt-in (FUSED_GEGLU_CUBLASLT=1); run with it set on the GPU")
     if backend == "cuda" and activation == "gelu":
         pytest.skip("cuBLASLt has no exact-GELU epilogue (auto dispatch routes it to Triton)")
     x_shape, n = shape
@@ -86,10 +83,35 @@ def test_linear_skinny_split_k(kernel, device, backend, dtype, activation):
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("activation", [None, "gelu", "gelu_tanh"])
+@pytest.mark.parametrize("mode", ["no_grad", "inference_mode"])
+def test_linear_inference(kernel, device, backend, dtype, activation, mode):
+    """Eager inference skips the op dispatch and autograd; the ATen path applies GELU in place on
+    the GEMM's own output. Same results either way, no graph."""
+    _skip_unless(kernel, device, backend, dtype)
+    if backend == "cuda" and activation == "gelu":
+        with pytest.raises(ValueError, match="no exact-GELU epilogue"):
+            kernel.linear(randn(3, 8, dtype=dtype, device=device), randn(5, 8, dtype=dtype, device=device),
+                          activation="gelu", backend="cuda")
+        return
+    x = randn(2, 7, 29, dtype=dtype, device=device)
+    w = randn(19, 29, dtype=dtype, device=device, scale=29**-0.5, requires_grad=True)
+    b = randn(19, dtype=dtype, device=device, requires_grad=True)
+    ctx = torch.no_grad if mode == "no_grad" else torch.inference_mode
+    if mode == "inference_mode":
+        w, b = w.detach(), b.detach()
+    with ctx():
+        y = kernel.linear(x, w, b, activation=activation, backend=backend)
+    assert not y.requires_grad and y.grad_fn is None and y.shape == (2, 7, 19)
+    assert kernel.last_backend("linear") == backend
+    wd, bd = w.detach(), b.detach()
+    assert_close(y, kernel.reference.linear_ref(x, wd, bd, activation), _eager(x, wd, bd, activation), f"linear {mode}")
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
 def test_linear_non_contiguous_x(kernel, device, backend):
     _skip_unless(kernel, device, backend)
-    if backend == "cuda" and os.environ.get("FUSED_GEGLU_CUBLASLT") != "1":
-        pytest.skip("the cuBLASLt linear is opt-in (FUSED_GEGLU_CUBLASLT=1); run with it set on the GPU")
     base = randn(8, 6, 40, device=device)
     w = randn(12, 20, device=device, scale=0.2)
     b = randn(12, device=device)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -56,6 +58,29 @@ def test_geglu_mlp_forward_backward(kernel, device, backend, dtype, approximate,
     names = ["dx", "dW_gate", "dW_up", "dW_down", "db_gate", "db_up", "db_down"]
     for name, o, r, e in zip(names, ours, refs, eagers):
         assert_close(o, r, e, f"geglu_mlp {name}")
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("biases", [False, True], ids=["nobias", "bias"])
+@pytest.mark.parametrize("mode", ["no_grad", "inference_mode", "no_leaf_needs_grad"])
+def test_geglu_mlp_inference(kernel, device, backend, dtype, biases, mode):
+    """Eager inference skips the op dispatch and autograd (straight to the implementation): same
+    results, no graph, whichever way autograd is off."""
+    _skip_unless(kernel, device, backend, dtype)
+    h, i = 24, 40
+    x = randn(2, 5, h, dtype=dtype, device=device)
+    params = _params(h, i, dtype, device, biases)
+    if mode != "no_grad":  # under no_grad the weights keep requires_grad=True, as in a model
+        params = [None if p is None else p.detach() for p in params]
+    ctx = {"no_grad": torch.no_grad, "inference_mode": torch.inference_mode}.get(mode, contextlib.nullcontext)
+    with ctx():
+        y = kernel.geglu_mlp(x, *params, approximate="tanh", backend=backend)
+    assert not y.requires_grad and y.grad_fn is None
+    assert kernel.last_backend("geglu_mlp").split("+")[0].split(":")[0] == backend
+    det = [None if p is None else p.detach() for p in params]
+    ref = kernel.reference.geglu_mlp_ref(x, *det, approximate="tanh")
+    assert_close(y, ref, _eager(x, *det, "tanh"), f"geglu_mlp {mode}")
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

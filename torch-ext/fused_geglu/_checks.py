@@ -46,3 +46,39 @@ def activation(value) -> str:
 def shape(name: str, t: torch.Tensor, expected: tuple[int, ...], what: str) -> None:
     if tuple(t.shape) != tuple(expected):
         raise ValueError(f"{name} must have shape {tuple(expected)} ({what}), got {tuple(t.shape)}")
+
+
+def mlp_args_ok(x, w_gate, w_up, w_down, b_gate, b_up, b_down, approximate) -> bool:
+    """One pass, no messages: True when every check of ``geglu_mlp``'s arguments passes. The
+    public function runs the named checks (and their errors) only when this says False, which
+    keeps a decode-size call's host time down."""
+    T = torch.Tensor
+    if not (isinstance(x, T) and isinstance(w_gate, T) and isinstance(w_up, T) and isinstance(w_down, T)):
+        return False
+    dt, dev = x.dtype, x.device
+    if dt not in FLOAT_DTYPES or x.dim() < 1 or w_gate.dim() != 2 or approximate not in APPROXIMATIONS:
+        return False
+    i, h = w_gate.shape
+    if x.shape[-1] != h or w_up.shape != (i, h) or w_down.shape != (h, i):
+        return False
+    for w in (w_gate, w_up, w_down):
+        if w.dtype != dt or w.device != dev:
+            return False
+    for b, n in ((b_gate, i), (b_up, i), (b_down, h)):
+        if b is not None and not (isinstance(b, T) and b.dtype == dt and b.device == dev and b.shape == (n,)):
+            return False
+    return True
+
+
+def linear_args_ok(x, weight, bias, activation) -> bool:
+    """As :func:`mlp_args_ok`, for ``linear`` (``activation`` already mapped None -> "none")."""
+    T = torch.Tensor
+    if not (isinstance(x, T) and isinstance(weight, T)) or activation not in ACTIVATIONS:
+        return False
+    dt, dev = x.dtype, x.device
+    if dt not in FLOAT_DTYPES or x.dim() < 1 or weight.dim() != 2 or weight.dtype != dt or weight.device != dev:
+        return False
+    n, k = weight.shape
+    if x.shape[-1] != k:
+        return False
+    return bias is None or (isinstance(bias, T) and bias.dtype == dt and bias.device == dev and bias.shape == (n,))

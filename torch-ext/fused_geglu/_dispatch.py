@@ -52,20 +52,18 @@ def triton_usable(device_type: str) -> bool:
     return os.environ.get("TRITON_INTERPRET") == "1"
 
 
-def cublaslt_enabled() -> bool:
-    """The cuBLASLt linear (kernel_src/linear_cublaslt) is opt-in: ``FUSED_GEGLU_CUBLASLT=1``.
+def cublaslt_forced() -> bool:
+    """``FUSED_GEGLU_CUBLASLT=1``: auto dispatch sends every ``linear`` it can (no activation, or
+    tanh GELU) to the cuBLASLt kernel (kernel_src/linear_cublaslt), whatever the policy says.
 
-    It crashed on the H200 on 2026-12-02 (a static libstdc++ inside the extension, fixed in the
-    builder); since 2026-12-03 it passes every linear test there and runs within 1 % of ``addmm``,
-    which is ATen's own cuBLASLt BIAS-epilogue call. With no measured win it stays opt-in; by
-    default ``linear`` on CUDA uses ATen (policy_sm90.json).
+    Without it the measured policy decides (policy_sm90.json: ``linear``, ``linear_gelu_tanh``), and
+    ``backend="cuda"`` asks for cuBLASLt explicitly.
     """
     return os.environ.get("FUSED_GEGLU_CUBLASLT") == "1" and compiled_has("linear_lt", "cuda")
 
 
-def available_backends(device) -> list[str]:
-    """Backends that can run on ``device`` in this variant, fastest-first."""
-    device_type = torch.device(device).type
+@lru_cache(maxsize=None)
+def _available(device_type: str) -> tuple[str, ...]:
     out = []
     if device_type == "cuda" and compiled_has("geglu_fwd", "cuda"):
         out.append("cuda")
@@ -74,24 +72,37 @@ def available_backends(device) -> list[str]:
     if device_type == "cpu" and compiled_has("geglu_fwd", "cpu"):
         out.append("cpu")
     out.append("torch")
-    return out
+    return tuple(out)
+
+
+def available_backends(device) -> list[str]:
+    """Backends that can run on ``device`` in this variant, fastest-first."""
+    return list(_available(device.type if isinstance(device, torch.device) else torch.device(device).type))
+
+
+def has_backend(device: torch.device, backend: str) -> bool:
+    """``backend in available_backends(device)`` without building the list (a per-call path)."""
+    return backend in _available(device.type)
+
+
+_REQUESTABLE = frozenset((*BACKENDS, "auto"))
 
 
 def requested(backend: str | None) -> str:
     value = backend if backend is not None else os.environ.get(ENV_VAR, "auto")
-    if value not in (*BACKENDS, "auto"):
+    if value not in _REQUESTABLE:
         raise ValueError(f"backend must be one of {('auto', *BACKENDS)}, got {value!r}")
     return value
 
 
 def check_available(op: str, device: torch.device, backend: str, needs_compiled: tuple[str, ...] = ()) -> None:
-    avail = available_backends(device)
-    missing_op = backend in ("cuda", "cpu") and not all(compiled_has(name, device.type) for name in needs_compiled)
-    if backend not in avail or missing_op:
-        raise ValueError(
-            f"backend {backend!r} cannot run {op} on {device.type} tensors in this build "
-            f"(variant ops id {OPS_ID}); available: {avail}"
-        )
+    if has_backend(device, backend) and (backend not in ("cuda", "cpu") or all(
+            compiled_has(name, device.type) for name in needs_compiled)):
+        return
+    raise ValueError(
+        f"backend {backend!r} cannot run {op} on {device.type} tensors in this build "
+        f"(variant ops id {OPS_ID}); available: {available_backends(device)}"
+    )
 
 
 def record(op: str, backend: str) -> None:

@@ -27,8 +27,12 @@ _PLAIN = (torch.Tensor, torch.nn.Parameter)
 def _tracing(args) -> bool:
     """Whether anything traces this call (dynamo, AOT/make_fx, fake or functional tensors): then
     only the registered custom op will do, since the implementation needs real data."""
-    return (torch.compiler.is_compiling() or torch._C._len_torch_dispatch_stack() > 0
-            or any(isinstance(a, torch.Tensor) and type(a) not in _PLAIN for a in args))
+    if torch.compiler.is_compiling() or torch._C._len_torch_dispatch_stack() > 0:
+        return True
+    for a in args:  # a plain loop: this runs on every eager call
+        if isinstance(a, torch.Tensor) and type(a) not in _PLAIN:
+            return True
+    return False
 
 
 class DualOp:
@@ -71,9 +75,10 @@ class DualOp:
     def __call__(self, *args):
         if _tracing(args):
             return self.op(*args)
-        if self._function is not None and torch.is_grad_enabled() and any(
-                isinstance(a, torch.Tensor) and a.requires_grad for a in args):
-            return self._function.apply(*args)
+        if self._function is not None and torch.is_grad_enabled():
+            for a in args:
+                if isinstance(a, torch.Tensor) and a.requires_grad:
+                    return self._function.apply(*args)
         return self.impl(*args)
 
 

@@ -13,6 +13,8 @@ def rows(t: torch.Tensor) -> torch.Tensor:
     one copy is made.
     """
     n = t.shape[-1]
+    if t.dim() == 2 and (t.stride(1) == 1 or n <= 1):
+        return t  # already rows (the common 2-D case, kept cheap: it runs on every call)
     if t.stride(-1) != 1 and n > 1:
         t = t.contiguous()
     try:

@@ -13,34 +13,35 @@ import torch.nn.functional as F
 
 from . import _checks, _dispatch
 from ._ops import ops
-from ._opdef import custom_op
+from ._opdef import _tracing, custom_op
 from ._views import rows
 from .policy import backend_for
 from .reference import gelu_grad
 
 _GELU_APPROX = {"gelu": "none", "gelu_tanh": "tanh"}
+_POLICY_OP = {"none": "linear", "gelu_tanh": "linear_gelu_tanh", "gelu": "linear_gelu"}
 
 
 def _pick(device: torch.device, backend: str, activation: str, m: int) -> str:
-    backend = _dispatch.requested(backend)
+    """``backend`` is already resolved by ``_dispatch.requested``."""
+    # cuBLASLt has only a tanh-GELU epilogue: exact GELU never goes there.
+    lt_ok = activation != "gelu" and _dispatch.compiled_has("linear_lt", "cuda")
     if backend == "auto":
-        avail = _dispatch.available_backends(device)
-        # cuBLASLt has only a tanh-GELU epilogue; exact GELU goes to Triton.
-        if "cuda" in avail and _dispatch.cublaslt_enabled() and activation != "gelu":
-            return "cuda"
         if device.type == "cuda":
-            # Measured (policy_sm90.json): the split-K Triton GEMM at decode sizes, ATen's addmm
-            # (cuBLASLt with the BIAS epilogue, the same fusion) above them.
-            choice = backend_for("linear" if activation == "none" else "linear_act", device, "triton", m=m)
-            if choice in avail:
+            if lt_ok and _dispatch.cublaslt_forced():
+                return "cuda"
+            # Measured (policy_sm90.json), per activation: ATen's addmm (cuBLASLt with the BIAS
+            # epilogue), this project's cuBLASLt call (GELU_AUX_BIAS epilogue) or Triton.
+            choice = backend_for(_POLICY_OP[activation], device, "triton", m=m)
+            if choice == "cuda" and not lt_ok:
+                choice = "torch"
+            if _dispatch.has_backend(device, choice):
                 return choice
         for cand in ("triton", "cpu", "torch"):
-            if cand in avail:
+            if _dispatch.has_backend(device, cand):
                 return cand
     if backend == "cuda":
         _dispatch.check_available("linear", device, backend, needs_compiled=("linear_lt",))
-        if not _dispatch.cublaslt_enabled():
-            raise ValueError("backend 'cuda' for linear (cuBLASLt) is opt-in: set FUSED_GEGLU_CUBLASLT=1")
         if activation == "gelu":
             raise ValueError("backend 'cuda' (cuBLASLt) has no exact-GELU epilogue; use activation="
                              "'gelu_tanh' or backend='triton'")
@@ -49,41 +50,55 @@ def _pick(device: torch.device, backend: str, activation: str, m: int) -> str:
     return backend
 
 
-def _aten_forward(x2, weight, bias, activation, preact):
-    y = torch.addmm(bias, x2, weight.t()) if bias is not None else x2 @ weight.t()
+def _aten_forward(x2, weight, bias, activation: str, keep: bool):
+    """ATen: one addmm (the bias in cuBLASLt's epilogue on CUDA), then GELU in place unless the
+    pre-activation is kept for the backward. Returns (out, preact or None); no extra copy."""
+    y = F.linear(x2, weight, bias)
     if activation == "none":
-        return y
-    if preact is not None:
-        preact.copy_(y)
-    return F.gelu(y, approximate=_GELU_APPROX[activation])
+        return y, None
+    approx = _GELU_APPROX[activation]
+    if keep:
+        return F.gelu(y, approximate=approx), y
+    return torch._C._nn.gelu_(y, approximate=approx), None
+
+
+def _forward(x, weight, bias, activation: str, save_preact: bool, backend: str):
+    """``(out, preact)`` on real tensors; preact is None unless kept for the backward.
+    ``backend`` is already resolved by ``_dispatch.requested``."""
+    x2 = rows(x)
+    m, n = x2.shape[0], weight.shape[0]
+    device = x.device
+    backend = _pick(device, backend, activation, m)
+    keep = save_preact and activation != "none"
+    preact = None
+    if m == 0:
+        out = x2.new_empty((0, n))
+    elif backend in ("triton", "cuda"):
+        out = torch.empty((m, n), dtype=x.dtype, device=device)
+        if keep:
+            preact = torch.empty((m, n), dtype=x.dtype, device=device)
+        if backend == "triton":
+            from .triton_kernels import linear as tk
+
+            tk.linear_fwd(out, x2, weight, bias, activation, preact)
+        elif keep and n % 8:
+            # cuBLASLt's aux output (the saved pre-activation) needs a 16-byte-aligned leading
+            # dimension; for other widths the BIAS epilogue writes it and GELU is a second pass.
+            ops.linear_lt(preact, x2, weight, bias, 0, None)
+            out = F.gelu(preact, approximate=_GELU_APPROX[activation])
+        else:
+            ops.linear_lt(out, x2, weight, bias, 0 if activation == "none" else 1, preact)
+    else:
+        out, preact = _aten_forward(x2, weight, bias, activation, keep)
+    _dispatch.record("linear", backend)
+    return (out if x.dim() == 2 else out.view(*x.shape[:-1], n)), preact
 
 
 @custom_op("linear_fwd_op", mutates_args=())
 def linear_fwd_op(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, activation: str,
                   save_preact: bool, backend: str) -> tuple[torch.Tensor, torch.Tensor]:
-    x2 = rows(x)
-    m, n = x2.shape[0], weight.shape[0]
-    backend = _pick(x.device, backend, activation, m)
-    keep = save_preact and activation != "none"
-    preact = torch.empty((m, n) if keep else (0,), dtype=x.dtype, device=x.device)
-    out = torch.empty((m, n), dtype=x.dtype, device=x.device)
-    if m > 0:
-        if backend == "triton":
-            from .triton_kernels import linear as tk
-
-            tk.linear_fwd(out, x2, weight, bias, activation, preact if keep else None)
-        elif backend == "cuda":
-            if keep and n % 8:
-                # cuBLASLt's aux output (the saved pre-activation) needs a 16-byte-aligned leading
-                # dimension; for other widths the BIAS epilogue writes it and GELU is a second pass.
-                ops.linear_lt(preact, x2, weight, bias, 0, None)
-                out.copy_(F.gelu(preact, approximate=_GELU_APPROX[activation]))
-            else:
-                ops.linear_lt(out, x2, weight, bias, 0 if activation == "none" else 1, preact if keep else None)
-        else:
-            out.copy_(_aten_forward(x2, weight, bias, activation, preact if keep else None))
-    _dispatch.record("linear", backend)
-    return out.view(*x.shape[:-1], n), preact
+    out, preact = _forward(x, weight, bias, activation, save_preact, _dispatch.requested(backend))
+    return out, (preact if preact is not None else x.new_empty((0,)))
 
 
 @linear_fwd_op.register_fake
@@ -98,7 +113,7 @@ def _(x, weight, bias, activation, save_preact, backend):
 def linear_bwd_op(grad_out: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, preact: torch.Tensor,
                   has_bias: bool, activation: str, backend: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     g2, x2 = rows(grad_out), rows(x)
-    backend = _pick(x.device, backend, activation, x2.shape[0])
+    backend = _pick(x.device, _dispatch.requested(backend), activation, x2.shape[0])
     n, k = weight.shape
     dx = torch.empty((x2.shape[0], k), dtype=x.dtype, device=x.device)
     dw = torch.empty((n, k), dtype=weight.dtype, device=weight.device)
@@ -120,7 +135,7 @@ def linear_bwd_op(grad_out: torch.Tensor, x: torch.Tensor, weight: torch.Tensor,
         if activation != "none":
             g = (g2.float() * gelu_grad(preact.float(), _GELU_APPROX[activation])).to(x.dtype)
         torch.mm(g, weight, out=dx)
-        if backend == "cuda" and _dispatch.cublaslt_enabled():
+        if backend == "cuda":
             ops.linear_lt_bwd_weight(dw, db if has_bias else None, g, x2)  # BGRADB epilogue
         else:
             torch.mm(g.t(), x2, out=dw)
@@ -158,6 +173,22 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     x: [..., K]; weight: [N, K] (``nn.Linear`` layout); bias: [N] or None; activation: None,
     ``"gelu"`` (exact) or ``"gelu_tanh"``. Differentiable in x, weight and bias.
     """
+    activation = "none" if activation is None else activation
+    if not _checks.linear_args_ok(x, weight, bias, activation):
+        _check_args(x, weight, bias, activation)
+    if weight.stride(-1) != 1:
+        weight = weight.contiguous()
+    backend = _dispatch.requested(backend)
+    needs_grad = torch.is_grad_enabled() and (
+        x.requires_grad or weight.requires_grad or (bias is not None and bias.requires_grad))
+    if not needs_grad and not _tracing((x, weight, bias)):
+        return _forward(x, weight, bias, activation, False, backend)[0]  # eager inference: no op dispatch
+    out, _ = linear_fwd_op(x, weight, bias, activation, needs_grad, backend)
+    return out
+
+
+def _check_args(x, weight, bias, activation) -> None:
+    """The named checks: each failure says which argument and what was expected."""
     _checks.tensor("x", x, min_ndim=1)
     _checks.tensor("weight", weight, ndim=2)
     _checks.same_dtype_device("x", x, weight=weight, bias=bias)
@@ -167,10 +198,4 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     if bias is not None:
         _checks.tensor("bias", bias)
         _checks.shape("bias", bias, (weight.shape[0],), "weight.shape[0]")
-    activation = _checks.activation(activation)
-    if weight.stride(-1) != 1:
-        weight = weight.contiguous()
-    needs_grad = torch.is_grad_enabled() and any(
-        t is not None and t.requires_grad for t in (x, weight, bias))
-    out, _ = linear_fwd_op(x, weight, bias, activation, needs_grad, _dispatch.requested(backend))
-    return out
+    _checks.activation(activation)

@@ -21,6 +21,7 @@ saved-tensor version check rather than computed from overwritten values.
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 
 from . import _checks, _dispatch
 from . import geglu as _geglu
@@ -32,21 +33,22 @@ from .policy import mlp_backend_for, sm90_mlp_wins
 
 
 def _pick(device: torch.device, backend: str, m: int, h: int, i: int) -> str:
-    backend = _dispatch.requested(backend)
-    avail = _dispatch.available_backends(device)
+    """``backend`` is already resolved by ``_dispatch.requested``."""
     if backend == "auto":
         if device.type == "cuda":
             choice = mlp_backend_for(m, h, i, device)  # measured: policy_sm90.json
-            if choice in avail:
+            if _dispatch.has_backend(device, choice):
                 return choice
-            return "triton" if "triton" in avail else "torch"
-        return "cpu" if "cpu" in avail else "torch"
+            return "triton" if _dispatch.has_backend(device, "triton") else "torch"
+        return "cpu" if _dispatch.has_backend(device, "cpu") else "torch"
     _dispatch.check_available("geglu_mlp", device, backend)
     return backend
 
 
 def _addmm(bias, a, w):
-    return torch.addmm(bias, a, w.t()) if bias is not None else a @ w.t()
+    # F.linear: on 2-D input with a bias this is addmm (cuBLASLt's BIAS epilogue on CUDA), and
+    # it skips the Python-level ``Tensor.__matmul__`` wrapper that ``a @ w.t()`` goes through.
+    return F.linear(a, w, bias)
 
 
 def _gemm_forward(x2, wg, wu, wd, bg, bu, bd, approximate, pointwise):
@@ -56,49 +58,56 @@ def _gemm_forward(x2, wg, wu, wd, bg, bu, bd, approximate, pointwise):
     return _addmm(bd, h, wd), gate, up
 
 
+def _forward(x, w_gate, w_up, w_down, b_gate, b_up, b_down, approximate: str, save_preact: bool,
+             backend: str):
+    """The forward on real tensors: ``(y, gate, up)``, gate/up None unless ``save_preact``.
+    ``backend`` is already resolved by ``_dispatch.requested`` ("auto" or a backend name)."""
+    x2 = rows(x)
+    m, (i, h) = x2.shape[0], w_gate.shape
+    auto = backend == "auto"
+    device = x.device
+    backend = _pick(device, backend, m, h, i)
+    gate = up = None
+    if m == 0:
+        y = x2.new_empty((0, h))
+    elif backend == "triton":
+        from .triton_kernels import linear as tk_linear
+        from .triton_kernels import mlp as tk_mlp
+
+        hid = torch.empty((m, i), dtype=x.dtype, device=device)
+        if save_preact:
+            gate = torch.empty((m, i), dtype=x.dtype, device=device)
+            up = torch.empty((m, i), dtype=x.dtype, device=device)
+        tk_mlp.gateup_fwd(hid, x2, w_gate, w_up, b_gate, b_up, approximate, gate, up)
+        y = torch.empty((m, h), dtype=x.dtype, device=device)
+        tk_linear.linear_fwd(y, hid, w_down, b_down, "none", None)
+    elif backend == "cuda" and not save_preact and _dispatch.compiled_has("geglu_gateup_sm90", "cuda") \
+            and sm90_weights.usable(x2, w_gate) and (not auto or sm90_mlp_wins(m, h, device)):
+        # Inference on Hopper: CUTLASS gate+up GEMM with the GeGLU epilogue, then cuBLAS down.
+        hid = sm90_weights.gateup_sm90(ops, x2, w_gate, w_up, b_gate, b_up, approximate)
+        y = _addmm(b_down, hid, w_down)
+        backend = "cuda:sm90"
+    else:
+        # With the auto policy the pointwise between the GEMMs is whichever measured faster at
+        # this size (geglu_fwd's rules); a forced backend runs its own.
+        pointwise = _geglu._pick(device, "auto", "fwd", m * i) if auto and backend == "cuda" else backend
+        y, g, u = _gemm_forward(x2, w_gate, w_up, w_down, b_gate, b_up, b_down, approximate, pointwise)
+        if save_preact:
+            gate, up = g, u
+        backend = f"{pointwise}+gemm"
+    _dispatch.record("geglu_mlp", backend)
+    return (y if x.dim() == 2 else y.view(*x.shape[:-1], h)), gate, up
+
+
 @custom_op("geglu_mlp_fwd_op", mutates_args=())
 def geglu_mlp_fwd_op(x: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor, w_down: torch.Tensor,
                      b_gate: torch.Tensor | None, b_up: torch.Tensor | None, b_down: torch.Tensor | None,
                      approximate: str, save_preact: bool, backend: str
                      ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    x2 = rows(x)
-    m, (i, h) = x2.shape[0], w_gate.shape
-    auto = _dispatch.requested(backend) == "auto"
-    backend = _pick(x.device, backend, m, h, i)
-    def empty():  # outputs may not alias each other: a fresh placeholder each time
-        return x.new_empty((0,))
-
-    if m == 0:
-        y, gate, up = x2.new_empty((0, h)), empty(), empty()
-    elif backend == "triton":
-        from .triton_kernels import linear as tk_linear
-        from .triton_kernels import mlp as tk_mlp
-
-        hid = torch.empty((m, i), dtype=x.dtype, device=x.device)
-        gate = torch.empty((m, i), dtype=x.dtype, device=x.device) if save_preact else None
-        up = torch.empty((m, i), dtype=x.dtype, device=x.device) if save_preact else None
-        tk_mlp.gateup_fwd(hid, x2, w_gate, w_up, b_gate, b_up, approximate, gate, up)
-        y = torch.empty((m, h), dtype=x.dtype, device=x.device)
-        tk_linear.linear_fwd(y, hid, w_down, b_down, "none", None)
-        gate = gate if save_preact else empty()
-        up = up if save_preact else empty()
-    elif backend == "cuda" and not save_preact and _dispatch.compiled_has("geglu_gateup_sm90", "cuda") \
-            and sm90_weights.usable(x2, w_gate) and (not auto or sm90_mlp_wins(m, h, x.device)):
-        # Inference on Hopper: CUTLASS gate+up GEMM with the GeGLU epilogue, then cuBLAS down.
-        hid = sm90_weights.gateup_sm90(ops, x2, w_gate, w_up, b_gate, b_up, approximate)
-        y, gate, up = _addmm(b_down, hid, w_down), empty(), empty()
-        _dispatch.record("geglu_mlp", "cuda:sm90")
-        return y.view(*x.shape[:-1], h), gate, up
-    else:
-        # With the auto policy the pointwise between the GEMMs is whichever measured faster at
-        # this size (geglu_fwd's rules); a forced backend runs its own.
-        pointwise = _geglu._pick(x.device, "auto", "fwd", m * i) if auto and backend == "cuda" else backend
-        y, gate, up = _gemm_forward(x2, w_gate, w_up, w_down, b_gate, b_up, b_down, approximate, pointwise)
-        if not save_preact:
-            gate, up = empty(), empty()
-        backend = f"{pointwise}+gemm"
-    _dispatch.record("geglu_mlp", backend)
-    return y.view(*x.shape[:-1], h), gate, up
+    y, gate, up = _forward(x, w_gate, w_up, w_down, b_gate, b_up, b_down, approximate, save_preact,
+                           _dispatch.requested(backend))
+    # Outputs of a custom op may not alias each other: a fresh placeholder for each missing one.
+    return y, (gate if gate is not None else x.new_empty((0,))), (up if up is not None else x.new_empty((0,)))
 
 
 @geglu_mlp_fwd_op.register_fake
@@ -115,7 +124,7 @@ def _mlp_backward(grad_y, x, w_gate, w_up, w_down, b_gate, b_up, gate, up, appro
     only, see ``_backward``); otherwise work on copies."""
     x2, dy = rows(x), rows(grad_y)
     m, (i, h) = x2.shape[0], w_gate.shape
-    backend = _pick(x.device, backend, m, h, i)
+    backend = _pick(x.device, _dispatch.requested(backend), m, h, i)
     dt, dev = x.dtype, x.device
     if m == 0:
         zeros = [torch.zeros_like(w) for w in (w_gate, w_up, w_down)]
@@ -212,16 +221,8 @@ def _backward(ctx, grad_y, _g_gate, _g_up):
 geglu_mlp_fwd_op.register_autograd(_backward, setup_context=_setup, private_outputs=(1, 2))
 
 
-def geglu_mlp(x: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor, w_down: torch.Tensor,
-              b_gate: torch.Tensor | None = None, b_up: torch.Tensor | None = None,
-              b_down: torch.Tensor | None = None, approximate: str = "tanh", recompute: bool = False,
-              backend: str | None = None) -> torch.Tensor:
-    """``down(gelu(x @ w_gate.T + b_gate) * (x @ w_up.T + b_up)) + b_down``, differentiable.
-
-    x: [..., H]; w_gate, w_up: [I, H]; w_down: [H, I] (the host module's ``nn.Linear`` weights,
-    used as they are); biases [I], [I], [H] or None. ``recompute=True`` saves only x for the
-    backward and recomputes the gate/up pre-activations there.
-    """
+def _check_args(x, w_gate, w_up, w_down, b_gate, b_up, b_down, approximate) -> None:
+    """The named checks: each failure says which argument and what was expected."""
     _checks.tensor("x", x, min_ndim=1)
     for name, w in (("w_gate", w_gate), ("w_up", w_up), ("w_down", w_down)):
         _checks.tensor(name, w, ndim=2)
@@ -238,9 +239,37 @@ def geglu_mlp(x: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor, w_down:
             _checks.tensor(name, b)
             _checks.shape(name, b, (n,), "one per output feature")
     _checks.approximate(approximate)
-    w_gate, w_up, w_down = (w if w.stride(-1) == 1 else w.contiguous() for w in (w_gate, w_up, w_down))
-    needs_grad = torch.is_grad_enabled() and any(
-        t is not None and t.requires_grad for t in (x, w_gate, w_up, w_down, b_gate, b_up, b_down))
-    y, _, _ = geglu_mlp_fwd_op(x, w_gate, w_up, w_down, b_gate, b_up, b_down, approximate,
-                               needs_grad and not recompute, _dispatch.requested(backend))
+
+
+def geglu_mlp(x: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor, w_down: torch.Tensor,
+              b_gate: torch.Tensor | None = None, b_up: torch.Tensor | None = None,
+              b_down: torch.Tensor | None = None, approximate: str = "tanh", recompute: bool = False,
+              backend: str | None = None) -> torch.Tensor:
+    """``down(gelu(x @ w_gate.T + b_gate) * (x @ w_up.T + b_up)) + b_down``, differentiable.
+
+    x: [..., H]; w_gate, w_up: [I, H]; w_down: [H, I] (the host module's ``nn.Linear`` weights,
+    used as they are); biases [I], [I], [H] or None. ``recompute=True`` saves only x for the
+    backward and recomputes the gate/up pre-activations there.
+    """
+    if not _checks.mlp_args_ok(x, w_gate, w_up, w_down, b_gate, b_up, b_down, approximate):
+        _check_args(x, w_gate, w_up, w_down, b_gate, b_up, b_down, approximate)
+    if w_gate.stride(-1) != 1:
+        w_gate = w_gate.contiguous()
+    if w_up.stride(-1) != 1:
+        w_up = w_up.contiguous()
+    if w_down.stride(-1) != 1:
+        w_down = w_down.contiguous()
+    args = (x, w_gate, w_up, w_down, b_gate, b_up, b_down)
+    needs_grad = False
+    if torch.is_grad_enabled():
+        for t in args:
+            if t is not None and t.requires_grad:
+                needs_grad = True
+                break
+    backend = _dispatch.requested(backend)
+    if not needs_grad and not _tracing(args):
+        # Inference in eager mode: straight to the implementation (no op dispatch, no placeholder
+        # outputs); at decode sizes the host time per call is what the GPU waits on.
+        return _forward(*args, approximate, False, backend)[0]
+    y, _, _ = geglu_mlp_fwd_op(*args, approximate, needs_grad and not recompute, backend)
     return y

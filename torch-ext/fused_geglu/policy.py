@@ -22,11 +22,22 @@ def _rules(capability: tuple[int, int]) -> dict:
     return json.loads(path.read_text())
 
 
+@lru_cache(maxsize=None)
+def capability(index: int | None) -> tuple[int, int]:
+    """The compute capability of CUDA device ``index`` (None: the current one when first asked),
+    cached: ``torch.cuda.get_device_capability`` costs microseconds per call on the decode path."""
+    return torch.cuda.get_device_capability(index)
+
+
+def device_capability(device: torch.device) -> tuple[int, int]:
+    return capability(device.index if device.index is not None else torch.cuda.current_device())
+
+
 def backend_for(op: str, device: torch.device, fallback: str, **sizes: int) -> str:
     """The measured winner for ``op`` at ``sizes`` (e.g. ``m=``, ``h=``, ``numel=``) on ``device``."""
     if device.type != "cuda":
         return fallback
-    for rule in _rules(torch.cuda.get_device_capability(device)).get(op, ()):
+    for rule in _rules(device_capability(device)).get(op, ()):
         if all(rule.get(f"min_{k}", 0) <= v <= rule.get(f"max_{k}", 1 << 62) for k, v in sizes.items()):
             return rule["backend"]
     return fallback

@@ -13,6 +13,8 @@ import weakref
 
 import torch
 
+from .policy import device_capability
+
 GROUP = 8
 _cache: dict[tuple[int, int], tuple] = {}
 
@@ -50,7 +52,7 @@ def usable(x2: torch.Tensor, w_gate: torch.Tensor) -> bool:
     i, h = w_gate.shape
     return (x2.dtype in (torch.bfloat16, torch.float16) and i % GROUP == 0 and h % 8 == 0
             and x2.stride(0) % 8 == 0 and x2.data_ptr() % 16 == 0
-            and torch.cuda.get_device_capability(x2.device) == (9, 0))
+            and device_capability(x2.device) == (9, 0))
 
 
 def gateup_sm90(ops, x2, w_gate, w_up, b_gate, b_up, approximate: str) -> torch.Tensor:

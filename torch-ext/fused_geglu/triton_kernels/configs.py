@@ -227,6 +227,13 @@ def get_config(kernel: str, device: torch.device, dtype: torch.dtype, m: int, n:
             return _INTERPRETER_SPLIT_K
         return _INTERPRETER.get(kernel, _INTERPRETER_GEMM)
     index = device.index if device.index is not None else torch.cuda.current_device()
+    return _gpu_config(kernel, index, dtype, m, n, k)
+
+
+@functools.lru_cache(maxsize=4096)
+def _gpu_config(kernel: str, index: int, dtype: torch.dtype, m: int, n: int, k: int) -> KernelConfig:
+    """Cached per problem: the lookup walks the tuned table, which costs more than a decode-size
+    launch is worth when repeated on every call."""
     capability = tuple(torch.cuda.get_device_capability(index))
     cfg = _lookup(kernel, capability, m, n, k)
     elem = torch.empty((), dtype=dtype).element_size()
