@@ -17,19 +17,19 @@ from .policy import backend_for
 from .reference import gelu, gelu_grad
 
 _APPROX_CODE = {"none": 0, "tanh": 1}
+_POLICY_OP = {"fwd": "geglu_fwd", "bwd": "geglu_bwd"}
 
 
 def _pick(device: torch.device, backend: str, direction: str = "fwd", numel: int = 0) -> str:
     backend = _dispatch.requested(backend)
     if backend == "auto":
-        avail = _dispatch.available_backends(device)
         if device.type == "cuda":
             # Measured per size (policy_sm90.json): Triton wins on large tensors, CUDA on small.
-            choice = backend_for(f"geglu_{direction}", device, "cuda", numel=numel)
-            if choice in avail:
+            choice = backend_for(_POLICY_OP[direction], device, "cuda", numel=numel)
+            if _dispatch.has_backend(device, choice):
                 return choice
         for cand in ("cuda", "cpu", "triton", "torch"):
-            if cand in avail:
+            if _dispatch.has_backend(device, cand):
                 return cand
     _dispatch.check_available("geglu", device, backend)
     return backend

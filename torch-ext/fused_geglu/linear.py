@@ -16,7 +16,6 @@ from ._ops import ops
 from ._opdef import _tracing, custom_op
 from ._views import rows
 from .policy import backend_for
-from .reference import gelu_grad
 
 _GELU_APPROX = {"gelu": "none", "gelu_tanh": "tanh"}
 _POLICY_OP = {"none": "linear", "gelu_tanh": "linear_gelu_tanh", "gelu": "linear_gelu"}
@@ -133,14 +132,15 @@ def linear_bwd_op(grad_out: torch.Tensor, x: torch.Tensor, weight: torch.Tensor,
     else:
         g = g2
         if activation != "none":
-            g = (g2.float() * gelu_grad(preact.float(), _GELU_APPROX[activation])).to(x.dtype)
+            # ATen's fused GELU backward: one pass, fp32 math inside, eager's own numerics.
+            g = torch.ops.aten.gelu_backward(g2, preact, approximate=_GELU_APPROX[activation])
         torch.mm(g, weight, out=dx)
         if backend == "cuda":
             ops.linear_lt_bwd_weight(dw, db if has_bias else None, g, x2)  # BGRADB epilogue
         else:
             torch.mm(g.t(), x2, out=dw)
             if has_bias:
-                db.copy_(g.float().sum(0))
+                db.copy_(g.sum(0, dtype=torch.float32))  # fp32 accumulation, no fp32 copy of g
     return dx.view(*x.shape), dw, db
 
 

@@ -33,14 +33,29 @@ def device_capability(device: torch.device) -> tuple[int, int]:
     return capability(device.index if device.index is not None else torch.cuda.current_device())
 
 
+_decisions: dict[tuple, str] = {}
+
+
 def backend_for(op: str, device: torch.device, fallback: str, **sizes: int) -> str:
-    """The measured winner for ``op`` at ``sizes`` (e.g. ``m=``, ``h=``, ``numel=``) on ``device``."""
+    """The measured winner for ``op`` at ``sizes`` (e.g. ``m=``, ``h=``, ``numel=``) on ``device``.
+
+    Decisions are remembered per (op, GPU generation, sizes): walking the rules costs tens of
+    microseconds of host time on the H200 machine's CPU, which a decode-size call cannot afford.
+    """
     if device.type != "cuda":
         return fallback
-    for rule in _rules(device_capability(device)).get(op, ()):
-        if all(rule.get(f"min_{k}", 0) <= v <= rule.get(f"max_{k}", 1 << 62) for k, v in sizes.items()):
-            return rule["backend"]
-    return fallback
+    key = (op, device_capability(device), fallback, *sizes.items())
+    choice = _decisions.get(key)
+    if choice is None:
+        choice = fallback
+        for rule in _rules(key[1]).get(op, ()):
+            if all(rule.get(f"min_{k}", 0) <= v <= rule.get(f"max_{k}", 1 << 62) for k, v in sizes.items()):
+                choice = rule["backend"]
+                break
+        if len(_decisions) > 65536:  # sizes vary with the token count: keep the table bounded
+            _decisions.clear()
+        _decisions[key] = choice
+    return choice
 
 
 def mlp_backend_for(m: int, h: int, i: int, device: torch.device | None = None) -> str:
