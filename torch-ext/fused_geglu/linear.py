@@ -80,11 +80,15 @@ def _forward(x, weight, bias, activation: str, save_preact: bool, backend: str):
             from .triton_kernels import linear as tk
 
             tk.linear_fwd(out, x2, weight, bias, activation, preact)
-        elif keep and n % 8:
-            # cuBLASLt's aux output (the saved pre-activation) needs a 16-byte-aligned leading
-            # dimension; for other widths the BIAS epilogue writes it and GELU is a second pass.
-            ops.linear_lt(preact, x2, weight, bias, 0, None)
-            out = F.gelu(preact, approximate=_GELU_APPROX[activation])
+        elif activation != "none" and ((keep and n % 8) or x.dtype == torch.float32):
+            # The BIAS epilogue, then ATen's GELU as a second pass, where the GELU epilogue will not
+            # do: its aux output (the saved pre-activation) needs a 16-byte-aligned leading
+            # dimension, and in fp32 its GELU is ~20x less accurate than ATen's (H200, 2026-12-03:
+            # relative error 2.2e-6 vs 1.1e-7), far below bf16/fp16 output rounding but not fp32's.
+            target = preact if keep else out
+            ops.linear_lt(target, x2, weight, bias, 0, None)
+            approx = _GELU_APPROX[activation]
+            out = F.gelu(target, approximate=approx) if keep else torch._C._nn.gelu_(out, approximate=approx)
         else:
             ops.linear_lt(out, x2, weight, bias, 0 if activation == "none" else 1, preact)
     else:
