@@ -1,0 +1,88 @@
+"""Where a training step's GPU time goes: geglu_mlp (auto) against torch.compile of the eager MLP,
+kernel by kernel, from torch.profiler (GPU only; a diagnosis tool, not the product benchmark).
+
+    python3 benchmarks/diag/train_profile.py --shape gemma-2b --tokens 8192 --out DIR
+
+Prints, per provider, the summed CUDA time of each kernel over ``--steps`` steps (divided by the
+step count), grouped into GEMMs and the rest, and writes the same as JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+SHAPES = {"gemma3-1b": (1152, 6912), "gemma-2b": (2048, 16384), "gemma2-9b": (3584, 14336)}
+GEMM_MARKS = ("gemm", "cutlass", "sm90_xmma", "cublas", "nvjet", "matmul")
+
+
+def _eager(x, wg, wu, wd):
+    return F.linear(F.gelu(F.linear(x, wg), approximate="tanh") * F.linear(x, wu), wd)
+
+
+def _profile(step, steps: int) -> dict[str, float]:
+    for _ in range(3):
+        step()
+    torch.cuda.synchronize()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        for _ in range(steps):
+            step()
+        torch.cuda.synchronize()
+    per_kernel: dict[str, float] = {}
+    for evt in prof.key_averages():
+        t = getattr(evt, "device_time_total", None) or getattr(evt, "cuda_time_total", 0.0)
+        if t > 0:
+            per_kernel[evt.key] = per_kernel.get(evt.key, 0.0) + t / steps
+    return per_kernel
+
+
+def main() -> int:
+    p = argparse.ArgumentParser()
+    p.add_argument("--shape", default="gemma-2b", choices=sorted(SHAPES))
+    p.add_argument("--tokens", type=int, default=8192)
+    p.add_argument("--steps", type=int, default=10)
+    p.add_argument("--out", type=Path, default=Path("."))
+    args = p.parse_args()
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    import kernels
+
+    k = kernels.get_kernel("org/fused-geglu", version=1, trust_remote_code=True)
+    h, i = SHAPES[args.shape]
+    dev, dt = torch.device("cuda"), torch.bfloat16
+    torch.manual_seed(0)
+    x = torch.randn(args.tokens, h, device=dev, dtype=dt, requires_grad=True)
+    ws = [torch.nn.Parameter(torch.randn(*s, device=dev, dtype=dt) * s[1] ** -0.5) for s in ((i, h), (i, h), (h, i))]
+    dy = torch.randn(args.tokens, h, device=dev, dtype=dt)
+    compiled = torch.compile(_eager)
+
+    def step_of(fn):
+        def step():
+            for t in (x, *ws):
+                t.grad = None
+            fn(x, *ws).backward(dy)
+        return step
+
+    result = {}
+    for name, fn in (("ours-auto", lambda *a: k.geglu_mlp(*a, approximate="tanh")), ("compile", compiled),
+                     ("eager", _eager)):
+        kern = _profile(step_of(fn), args.steps)
+        gemm = sum(t for n, t in kern.items() if any(m in n.lower() for m in GEMM_MARKS))
+        result[name] = {"total_us": sum(kern.values()), "gemm_us": gemm, "kernels": kern}
+        print(f"== {name}: {sum(kern.values()):.0f} us of kernels per step, GEMMs {gemm:.0f} us")
+        for n, t in sorted(kern.items(), key=lambda kv: -kv[1])[:12]:
+            print(f"  {t:9.1f} us  {n[:110]}")
+    args.out.mkdir(parents=True, exist_ok=True)
+    path = args.out / f"train-profile-{args.shape}-{args.tokens}.json"
+    path.write_text(json.dumps({"shape": args.shape, "tokens": args.tokens, "torch": torch.__version__,
+                                "device": torch.cuda.get_device_name(), "providers": result}, indent=1))
+    print(f"wrote {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
