@@ -1,7 +1,8 @@
-"""Where a training step's GPU time goes: geglu_mlp (auto) against torch.compile of the eager MLP,
-kernel by kernel, from torch.profiler (GPU only; a diagnosis tool, not the product benchmark).
+"""Where a training step's (or a forward's) GPU time goes: geglu_mlp (auto) against torch.compile
+of the eager MLP and eager itself, kernel by kernel, from torch.profiler (GPU only; a diagnosis
+tool, not the product benchmark).
 
-    python3 benchmarks/diag/train_profile.py --shape gemma-2b --tokens 8192 --out DIR
+    python3 benchmarks/diag/train_profile.py --shape gemma-2b --tokens 8192 [--mode fwd] --out DIR
 
 Prints, per provider, the summed CUDA time of each kernel over ``--steps`` steps (divided by the
 step count), grouped into GEMMs and the rest, and writes the same as JSON.
@@ -46,6 +47,7 @@ def main() -> int:
     p.add_argument("--shape", default="gemma-2b", choices=sorted(SHAPES))
     p.add_argument("--tokens", type=int, default=8192)
     p.add_argument("--steps", type=int, default=10)
+    p.add_argument("--mode", choices=("train", "fwd"), default="train")
     p.add_argument("--out", type=Path, default=Path("."))
     args = p.parse_args()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -62,6 +64,10 @@ def main() -> int:
 
     def step_of(fn):
         def step():
+            if args.mode == "fwd":
+                with torch.no_grad():
+                    fn(x, *ws)
+                return
             for t in (x, *ws):
                 t.grad = None
             fn(x, *ws).backward(dy)
@@ -77,8 +83,8 @@ def main() -> int:
         for n, t in sorted(kern.items(), key=lambda kv: -kv[1])[:12]:
             print(f"  {t:9.1f} us  {n[:110]}")
     args.out.mkdir(parents=True, exist_ok=True)
-    path = args.out / f"train-profile-{args.shape}-{args.tokens}.json"
-    path.write_text(json.dumps({"shape": args.shape, "tokens": args.tokens, "torch": torch.__version__,
+    path = args.out / f"{args.mode}-profile-{args.shape}-{args.tokens}.json"
+    path.write_text(json.dumps({"shape": args.shape, "tokens": args.tokens, "mode": args.mode, "torch": torch.__version__,
                                 "device": torch.cuda.get_device_name(), "providers": result}, indent=1))
     print(f"wrote {path}")
     return 0
