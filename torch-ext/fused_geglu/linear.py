@@ -49,16 +49,22 @@ def _pick(device: torch.device, backend: str, activation: str, m: int) -> str:
     return backend
 
 
-def _aten_forward(x2, weight, bias, activation: str, keep: bool):
-    """ATen: one addmm (the bias in cuBLASLt's epilogue on CUDA), then GELU in place unless the
-    pre-activation is kept for the backward. Returns (out, preact or None); no extra copy."""
-    y = F.linear(x2, weight, bias)
-    if activation == "none":
-        return y, None
+def _gelu_pass(y, activation: str, keep: bool):
+    """GELU over a GEMM's output ``y``: ``(out, preact)``. In place (no new buffer) unless ``y`` is
+    kept as the pre-activation for the backward."""
     approx = _GELU_APPROX[activation]
     if keep:
         return F.gelu(y, approximate=approx), y
     return torch._C._nn.gelu_(y, approximate=approx), None
+
+
+def _aten_forward(x2, weight, bias, activation: str, keep: bool):
+    """ATen: one addmm (the bias in cuBLASLt's epilogue on CUDA), then the GELU pass. Returns
+    (out, preact or None); no extra copy."""
+    y = F.linear(x2, weight, bias)
+    if activation == "none":
+        return y, None
+    return _gelu_pass(y, activation, keep)
 
 
 def _forward(x, weight, bias, activation: str, save_preact: bool, backend: str):
@@ -74,21 +80,20 @@ def _forward(x, weight, bias, activation: str, save_preact: bool, backend: str):
         out = x2.new_empty((0, n))
     elif backend in ("triton", "cuda"):
         out = torch.empty((m, n), dtype=x.dtype, device=device)
-        if keep:
+        bias_then_gelu = backend == "cuda" and activation != "none" and ((keep and n % 8) or x.dtype == torch.float32)
+        if keep and not bias_then_gelu:
             preact = torch.empty((m, n), dtype=x.dtype, device=device)
         if backend == "triton":
             from .triton_kernels import linear as tk
 
             tk.linear_fwd(out, x2, weight, bias, activation, preact)
-        elif activation != "none" and ((keep and n % 8) or x.dtype == torch.float32):
+        elif bias_then_gelu:
             # The BIAS epilogue, then ATen's GELU as a second pass, where the GELU epilogue will not
             # do: its aux output (the saved pre-activation) needs a 16-byte-aligned leading
             # dimension, and in fp32 its GELU is ~20x less accurate than ATen's (H200, 2026-12-03:
             # relative error 2.2e-6 vs 1.1e-7), far below bf16/fp16 output rounding but not fp32's.
-            target = preact if keep else out
-            ops.linear_lt(target, x2, weight, bias, 0, None)
-            approx = _GELU_APPROX[activation]
-            out = F.gelu(target, approximate=approx) if keep else torch._C._nn.gelu_(out, approximate=approx)
+            ops.linear_lt(out, x2, weight, bias, 0, None)
+            out, preact = _gelu_pass(out, activation, keep)
         else:
             ops.linear_lt(out, x2, weight, bias, 0 if activation == "none" else 1, preact)
     else:

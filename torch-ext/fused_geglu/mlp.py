@@ -45,17 +45,13 @@ def _pick(device: torch.device, backend: str, m: int, h: int, i: int) -> str:
     return backend
 
 
-def _addmm(bias, a, w):
-    # F.linear: on 2-D input with a bias this is addmm (cuBLASLt's BIAS epilogue on CUDA), and
-    # it skips the Python-level ``Tensor.__matmul__`` wrapper that ``a @ w.t()`` goes through.
-    return F.linear(a, w, bias)
-
-
 def _gemm_forward(x2, wg, wu, wd, bg, bu, bd, approximate, pointwise):
-    gate, up = _addmm(bg, x2, wg), _addmm(bu, x2, wu)
+    # F.linear on 2-D input with a bias is addmm (cuBLASLt's BIAS epilogue on CUDA); it also skips
+    # the Python-level ``Tensor.__matmul__`` wrapper that ``a @ w.t()`` goes through.
+    gate, up = F.linear(x2, wg, bg), F.linear(x2, wu, bu)
     h = torch.empty_like(gate)
     _geglu._fwd_into(h, gate, up, approximate, pointwise)
-    return _addmm(bd, h, wd), gate, up
+    return F.linear(h, wd, bd), gate, up
 
 
 def _forward(x, w_gate, w_up, w_down, b_gate, b_up, b_down, approximate: str, save_preact: bool,
@@ -85,7 +81,7 @@ def _forward(x, w_gate, w_up, w_down, b_gate, b_up, b_down, approximate: str, sa
             and sm90_weights.usable(x2, w_gate) and (not auto or sm90_mlp_wins(m, h, device)):
         # Inference on Hopper: CUTLASS gate+up GEMM with the GeGLU epilogue, then cuBLAS down.
         hid = sm90_weights.gateup_sm90(ops, x2, w_gate, w_up, b_gate, b_up, approximate)
-        y = _addmm(b_down, hid, w_down)
+        y = F.linear(hid, w_down, b_down)
         backend = "cuda:sm90"
     else:
         # With the auto policy the pointwise between the GEMMs is whichever measured faster at
@@ -149,7 +145,7 @@ def _mlp_backward(grad_y, x, w_gate, w_up, w_down, b_gate, b_up, gate, up, appro
         tk_mlp.dh_bwd(gate, up, None if recompute else hid, dy, w_down, gate, up, approximate)
     else:
         if recompute:
-            gate, up = _addmm(b_gate, x2, w_gate), _addmm(b_up, x2, w_up)
+            gate, up = F.linear(x2, w_gate, b_gate), F.linear(x2, w_up, b_up)
         hid = dy @ w_down  # dh, turned into h by the in-place pointwise below
         _geglu._bwd_inplace(gate, up, hid, approximate, backend)
     d_w_down = dy.t() @ hid

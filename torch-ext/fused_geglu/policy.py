@@ -23,9 +23,9 @@ def _rules(capability: tuple[int, int]) -> dict:
 
 
 @lru_cache(maxsize=None)
-def capability(index: int | None) -> tuple[int, int]:
-    """The compute capability of CUDA device ``index`` (None: the current one when first asked),
-    cached: ``torch.cuda.get_device_capability`` costs microseconds per call on the decode path."""
+def capability(index: int) -> tuple[int, int]:
+    """The compute capability of CUDA device ``index``, cached: ``get_device_capability`` reads
+    the device properties on every call, and this is asked on every decode-size call."""
     return torch.cuda.get_device_capability(index)
 
 
@@ -39,8 +39,8 @@ _decisions: dict[tuple, str] = {}
 def backend_for(op: str, device: torch.device, fallback: str, **sizes: int) -> str:
     """The measured winner for ``op`` at ``sizes`` (e.g. ``m=``, ``h=``, ``numel=``) on ``device``.
 
-    Decisions are remembered per (op, GPU generation, sizes): walking the rules costs tens of
-    microseconds of host time on the H200 machine's CPU, which a decode-size call cannot afford.
+    Decisions are remembered per (op, GPU generation, sizes), so the rules are walked once per
+    size rather than on every call (host time is what a decode-size call waits on).
     """
     if device.type != "cuda":
         return fallback
