@@ -40,6 +40,8 @@ def main() -> int:
     p = argparse.ArgumentParser()
     p.add_argument("--sizes", default="1024x6912,1024x16384,1024x14336,8192x6912,8192x16384,8192x14336")
     p.add_argument("--steps", type=int, default=20)
+    p.add_argument("--sweep", default="1024x4,2048x4,2048x8,4096x8",
+                   help="flat Triton configs to time as BLOCKxWARPS (besides the shipped ones)")
     p.add_argument("--out", type=Path, default=Path("."))
     args = p.parse_args()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -81,6 +83,16 @@ def main() -> int:
             ("bwd_inplace", "cuda"): (6, lambda: ops.geglu_bwd_inplace(gi, ui, di, 1)),
             ("bwd_inplace", "triton"): (6, lambda: tk.geglu_bwd_inplace(gi, ui, di, "tanh")),
         }
+        numel = m * n
+        for spec_c in args.sweep.split(","):
+            blk, nw = (int(v) for v in spec_c.split("x"))
+            fa = dict(BLOCK=blk, EVEN=numel % blk == 0, INT64=False, num_warps=nw)
+            grid = (-(-numel // blk),)
+            cases[("fwd", f"tflat{blk}x{nw}")] = (
+                3, lambda fa=fa, grid=grid: tk._geglu_fwd_flat_kernel[grid](out, g, u, numel, ACT=2, **fa))
+            cases[("bwd_inplace", f"tflat{blk}x{nw}")] = (
+                6, lambda fa=fa, grid=grid: tk._geglu_bwd_flat_kernel[grid](gi, ui, di, di, gi, ui, numel, ACT=2,
+                                                                           STORE_H=True, **fa))
         for (mode, prov), (tensors, fn) in cases.items():
             us = _gpu_us(fn, args.steps)
             rows.append({"M": m, "N": n, "mode": mode, "provider": prov, "gpu_us": us, "gbps": tensors * mb / us})

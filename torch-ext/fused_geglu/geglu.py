@@ -17,7 +17,7 @@ from .policy import backend_for
 from .reference import gelu, gelu_grad
 
 _APPROX_CODE = {"none": 0, "tanh": 1}
-_POLICY_OP = {"fwd": "geglu_fwd", "bwd": "geglu_bwd"}
+_POLICY_OP = {"fwd": "geglu_fwd", "bwd": "geglu_bwd", "bwd_inplace": "geglu_bwd_inplace"}
 
 
 def _pick(device: torch.device, backend: str, direction: str = "fwd", numel: int = 0) -> str:

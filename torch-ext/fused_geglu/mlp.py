@@ -120,7 +120,8 @@ def _mlp_backward(grad_y, x, w_gate, w_up, w_down, b_gate, b_up, gate, up, appro
     only, see ``_backward``); otherwise work on copies."""
     x2, dy = rows(x), rows(grad_y)
     m, (i, h) = x2.shape[0], w_gate.shape
-    backend = _pick(x.device, _dispatch.requested(backend), m, h, i)
+    requested = _dispatch.requested(backend)
+    backend = _pick(x.device, requested, m, h, i)
     dt, dev = x.dtype, x.device
     if m == 0:
         zeros = [torch.zeros_like(w) for w in (w_gate, w_up, w_down)]
@@ -147,7 +148,10 @@ def _mlp_backward(grad_y, x, w_gate, w_up, w_down, b_gate, b_up, gate, up, appro
         if recompute:
             gate, up = F.linear(x2, w_gate, b_gate), F.linear(x2, w_up, b_up)
         hid = dy @ w_down  # dh, turned into h by the in-place pointwise below
-        _geglu._bwd_inplace(gate, up, hid, approximate, backend)
+        # As in the forward: under the auto policy the pointwise is whichever measured faster.
+        pointwise = _geglu._pick(dev, "auto", "bwd_inplace", m * i) if requested == "auto" and backend == "cuda" \
+            else backend
+        _geglu._bwd_inplace(gate, up, hid, approximate, pointwise)
     d_w_down = dy.t() @ hid
     del hid
     dgate, dup = gate, up

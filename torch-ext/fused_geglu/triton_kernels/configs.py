@@ -16,8 +16,9 @@ JSON layout (``configs_sm90.json``)::
     {"defaults": {"<kernel>": [{"m_max": 64, "config": {...}}, {"m_max": null, "config": {...}}]},
      "tuned":    {"<kernel>": {"M=4096,N=3072,K=768": {...}}}}
 
-For the pointwise kernels (`geglu_fwd`, `geglu_bwd`) only BLOCK_M, BLOCK_N and num_warps matter; N and K
-of the key are the column count and 0.
+For the pointwise kernels (`geglu_fwd`, `geglu_bwd` and their `_flat` forms) only BLOCK_M, BLOCK_N and
+num_warps matter; N and K of the key are the column count and 0. The flat kernels move BLOCK_M * BLOCK_N
+elements per program as one 1-D block.
 """
 
 import dataclasses
@@ -32,6 +33,8 @@ import torch
 KERNELS = (
     "geglu_fwd",
     "geglu_bwd",
+    "geglu_fwd_flat",  # contiguous operands: 1-D blocks of BLOCK_M * BLOCK_N elements (BLOCK_M = 1)
+    "geglu_bwd_flat",
     "linear_fwd",  # activation "none" (bias epilogue only)
     "linear_fwd_act",  # GELU epilogue (+ pre-activation store): more epilogue registers, own tiles
     "linear_bwd_input",
@@ -39,7 +42,7 @@ KERNELS = (
     "gateup_fwd",
     "dh_bwd",
 )
-POINTWISE_KERNELS = ("geglu_fwd", "geglu_bwd")
+POINTWISE_KERNELS = ("geglu_fwd", "geglu_bwd", "geglu_fwd_flat", "geglu_bwd_flat")
 # Kernels whose launcher can split K (the epilogue then runs in the reduction kernel).
 SPLIT_K_KERNELS = ("linear_fwd", "linear_fwd_act")
 MAX_SPLIT_K = 16
@@ -127,6 +130,8 @@ def fit_config(kernel: str, cfg: KernelConfig, elem_size: int, smem_bytes: Optio
 _INTERPRETER = {
     "geglu_fwd": KernelConfig(BLOCK_M=4, BLOCK_N=32, num_warps=1),
     "geglu_bwd": KernelConfig(BLOCK_M=4, BLOCK_N=32, num_warps=1),
+    "geglu_fwd_flat": KernelConfig(BLOCK_M=1, BLOCK_N=64, num_warps=1),
+    "geglu_bwd_flat": KernelConfig(BLOCK_M=1, BLOCK_N=64, num_warps=1),
 }
 _INTERPRETER["dh_bwd"] = KernelConfig(BLOCK_M=16, BLOCK_N=32, BLOCK_K=16, GROUP_M=2, num_warps=1, num_stages=1)
 _INTERPRETER_GEMM = KernelConfig(BLOCK_M=16, BLOCK_N=16, BLOCK_K=16, GROUP_M=2, num_warps=1, num_stages=1)
@@ -137,6 +142,8 @@ _INTERPRETER_SPLIT_K = dataclasses.replace(_INTERPRETER_GEMM, SPLIT_K=0)
 _GENERIC_GPU = {
     "geglu_fwd": KernelConfig(BLOCK_M=8, BLOCK_N=1024, num_warps=8),
     "geglu_bwd": KernelConfig(BLOCK_M=4, BLOCK_N=1024, num_warps=8),
+    "geglu_fwd_flat": KernelConfig(BLOCK_M=1, BLOCK_N=1024, num_warps=4),
+    "geglu_bwd_flat": KernelConfig(BLOCK_M=1, BLOCK_N=1024, num_warps=4),
     "linear_fwd": KernelConfig(128, 128, 32, 8, 8, 3),
     "linear_fwd_act": KernelConfig(128, 128, 32, 8, 8, 3),
     "linear_bwd_input": KernelConfig(128, 128, 32, 8, 8, 3),
