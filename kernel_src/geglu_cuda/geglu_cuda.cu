@@ -21,6 +21,11 @@
 //     bandwidth with them on [8192, 16384] bf16).
 //   * Work per thread follows the size: kIlp packs per thread for large tensors, 1 pack when that
 //     would leave the GPU with too few blocks (decode-sized rows).
+//   * Dense operands (every tensor contiguous and 16-byte aligned: the MLP's own buffers) take the
+//     flat kernels instead: one 16-byte pack per thread over the whole tensor as one 1-D range,
+//     128-thread blocks, no row arithmetic. That is the shape of torch.compile's generated pointwise
+//     code, which measured 4.2-4.3 TB/s on the H200 where the row kernels reached 3.5-3.9
+//     (benchmarks/results/pointwise-profile-h200-6ee2946.json).
 //   * Launch on the current stream with the device guard; no allocation and no host sync, so it is safe
 //     under CUDA graph capture.
 
@@ -252,6 +257,65 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) geglu_bwd_kernel(const B
   }
 }
 
+// Flat kernels: thread t of the grid owns pack t of the dense range; the threads past the last full
+// pack take the numel % VW leftover elements one each (the grid is sized to include them).
+constexpr int kFlatThreads = 128;
+
+template <typename T, int VW, bool TANH>
+__global__ void __launch_bounds__(kFlatThreads) geglu_fwd_flat_kernel(T *out, const T *gate, const T *up,
+                                                                      int64_t numel) {
+  using P = Pack<T, VW>;
+  using C = Conv<T>;
+  constexpr bool F = kFast<T>;
+  const int64_t npacks = numel / VW;
+  const int64_t p = int64_t(blockIdx.x) * kFlatThreads + threadIdx.x;
+  if (p < npacks) {
+    const P g = reinterpret_cast<const P *>(gate)[p];
+    const P u = reinterpret_cast<const P *>(up)[p];
+    P o;
+#pragma unroll
+    for (int j = 0; j < VW; ++j) o.v[j] = C::store(gelu<TANH, false, F>(C::load(g.v[j]), nullptr) * C::load(u.v[j]));
+    reinterpret_cast<P *>(out)[p] = o;
+  } else {
+    const int64_t c = npacks * VW + (p - npacks);
+    if (c < numel) out[c] = C::store(gelu<TANH, false, F>(C::load(gate[c]), nullptr) * C::load(up[c]));
+  }
+}
+
+template <typename T, int VW, bool TANH, bool EMIT_H>
+__global__ void __launch_bounds__(kFlatThreads) geglu_bwd_flat_kernel(const BwdArgs<T> a, int64_t numel) {
+  using P = Pack<T, VW>;
+  using M = BwdMath<T, TANH, kFast<T>>;
+  const int64_t npacks = numel / VW;
+  const int64_t p = int64_t(blockIdx.x) * kFlatThreads + threadIdx.x;
+  if (p < npacks) {
+    const P go = reinterpret_cast<const P *>(a.grad_out)[p];
+    const P g = reinterpret_cast<const P *>(a.gate)[p];
+    const P u = reinterpret_cast<const P *>(a.up)[p];
+    P dg, du, hh;
+#pragma unroll
+    for (int j = 0; j < VW; ++j) M::run(go.v[j], g.v[j], u.v[j], dg.v[j], du.v[j], hh.v[j]);
+    reinterpret_cast<P *>(a.grad_gate)[p] = dg;
+    reinterpret_cast<P *>(a.grad_up)[p] = du;
+    if constexpr (EMIT_H) reinterpret_cast<P *>(a.h)[p] = hh;
+  } else {
+    const int64_t c = npacks * VW + (p - npacks);
+    if (c < numel) {
+      T dg, du, hh;
+      M::run(a.grad_out[c], a.gate[c], a.up[c], dg, du, hh);
+      a.grad_gate[c] = dg;
+      a.grad_up[c] = du;
+      if constexpr (EMIT_H) a.h[c] = hh;
+    }
+  }
+}
+
+// Blocks covering numel / vw packs plus the numel % vw leftover elements, one thread each.
+unsigned flat_blocks(int64_t numel, int vw) {
+  const int64_t threads = numel / vw + numel % vw;
+  return unsigned((threads + kFlatThreads - 1) / kFlatThreads);
+}
+
 // ---------------------------------------------------------------------------------------------------
 // Host side.
 
@@ -302,6 +366,15 @@ bool aligned16(std::initializer_list<const at::Tensor *> ts) {
     if (t->size(0) > 1 && (t->stride(0) * bytes) % 16 != 0) return false;
   }
   return true;
+}
+
+// The flat kernels' condition: every tensor one dense 16-byte-aligned block (row stride == cols)
+// and few enough packs for the 1-D grid.
+bool dense16(std::initializer_list<const at::Tensor *> ts) {
+  for (const at::Tensor *t : ts) {
+    if (!t->is_contiguous() || reinterpret_cast<uintptr_t>(t->data_ptr()) % 16 != 0) return false;
+  }
+  return (*ts.begin())->numel() / 2 < int64_t(kFlatThreads) * INT_MAX;
 }
 
 template <typename F>
@@ -377,6 +450,7 @@ void dispatch_bwd(at::Tensor &grad_gate, at::Tensor &grad_up, at::Tensor *h, at:
   const c10::cuda::CUDAGuard device_guard(gate.device());
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
   const bool vec = aligned16({&grad_gate, &grad_up, &grad_out, &gate, &up}) && (!EMIT_H || aligned16({h}));
+  const bool flat = dense16({&grad_gate, &grad_up, &grad_out, &gate, &up}) && (!EMIT_H || dense16({h}));
   with_cuda_dtype(gate.scalar_type(), [&](auto tag) {
     using T = decltype(tag);
     constexpr int kVec = 16 / sizeof(T);
@@ -385,7 +459,16 @@ void dispatch_bwd(at::Tensor &grad_gate, at::Tensor &grad_up, at::Tensor *h, at:
                           grad_gate.stride(0), grad_up.stride(0),  EMIT_H ? h->stride(0) : 0,
                           grad_out.stride(0),  gate.stride(0),     up.stride(0),
                           rows,                int(cols)};
-    if (approximate == 1) {
+    if (flat) {
+      const int64_t numel = rows * cols;
+      const unsigned blocks = flat_blocks(numel, kVec);
+      if (approximate == 1) {
+        geglu_bwd_flat_kernel<T, kVec, true, EMIT_H><<<blocks, kFlatThreads, 0, stream>>>(args, numel);
+      } else {
+        geglu_bwd_flat_kernel<T, kVec, false, EMIT_H><<<blocks, kFlatThreads, 0, stream>>>(args, numel);
+      }
+      C10_CUDA_KERNEL_LAUNCH_CHECK();
+    } else if (approximate == 1) {
       vec ? launch_bwd<T, kVec, true, EMIT_H>(args, stream) : launch_bwd<T, 1, true, EMIT_H>(args, stream);
     } else {
       vec ? launch_bwd<T, kVec, false, EMIT_H>(args, stream) : launch_bwd<T, 1, false, EMIT_H>(args, stream);
@@ -410,12 +493,22 @@ void geglu_fwd(at::Tensor &out, at::Tensor const &gate, at::Tensor const &up, in
   const c10::cuda::CUDAGuard device_guard(gate.device());
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
   const bool vec = aligned16({&out, &gate, &up});
+  const bool flat = dense16({&out, &gate, &up});
   with_cuda_dtype(gate.scalar_type(), [&](auto tag) {
     using T = decltype(tag);
     constexpr int kVec = 16 / sizeof(T);
     const FwdArgs<T> args{ptr<T>(out),     ptr<T>(gate),    ptr<T>(up), out.stride(0),
                           gate.stride(0), up.stride(0), rows,        int(cols)};
-    if (approximate == 1) {
+    if (flat) {
+      const int64_t numel = rows * cols;
+      const unsigned blocks = flat_blocks(numel, kVec);
+      if (approximate == 1) {
+        geglu_fwd_flat_kernel<T, kVec, true><<<blocks, kFlatThreads, 0, stream>>>(args.out, args.gate, args.up, numel);
+      } else {
+        geglu_fwd_flat_kernel<T, kVec, false><<<blocks, kFlatThreads, 0, stream>>>(args.out, args.gate, args.up, numel);
+      }
+      C10_CUDA_KERNEL_LAUNCH_CHECK();
+    } else if (approximate == 1) {
       vec ? launch_fwd<T, kVec, true>(args, stream) : launch_fwd<T, 1, true>(args, stream);
     } else {
       vec ? launch_fwd<T, kVec, false>(args, stream) : launch_fwd<T, 1, false>(args, stream);
