@@ -20,12 +20,14 @@ _APPROX_CODE = {"none": 0, "tanh": 1}
 _POLICY_OP = {"fwd": "geglu_fwd", "bwd": "geglu_bwd", "bwd_inplace": "geglu_bwd_inplace"}
 
 
-def _pick(device: torch.device, backend: str, direction: str = "fwd", numel: int = 0) -> str:
+def _pick(device: torch.device, backend: str, direction: str = "fwd", numel: int = 0, dense: bool = False) -> str:
+    """``dense``: every operand is contiguous, so both compiled and Triton backends run their flat
+    kernels (the packed form's halves are strided views and run the row kernels)."""
     backend = _dispatch.requested(backend)
     if backend == "auto":
         if device.type == "cuda":
-            # Measured per size (policy_sm90.json): Triton wins on large tensors, CUDA on small.
-            choice = backend_for(_POLICY_OP[direction], device, "cuda", numel=numel)
+            # Measured per size and layout (policy_sm90.json).
+            choice = backend_for(_POLICY_OP[direction], device, "cuda", numel=numel, dense=int(dense))
             if _dispatch.has_backend(device, choice):
                 return choice
         for cand in ("cuda", "cpu", "triton", "torch"):
@@ -89,7 +91,7 @@ def _bwd_inplace(gate2, up2, grad2, approximate: str, backend: str) -> None:
 
 @custom_op("geglu_fwd_op", mutates_args=())
 def geglu_fwd_op(gate: torch.Tensor, up: torch.Tensor, approximate: str, backend: str) -> torch.Tensor:
-    backend = _pick(gate.device, backend, "fwd", gate.numel())
+    backend = _pick(gate.device, backend, "fwd", gate.numel(), gate.is_contiguous() and up.is_contiguous())
     out = torch.empty(gate.shape, dtype=gate.dtype, device=gate.device)
     _fwd_into(rows(out), rows(gate), rows(up), approximate, backend)
     _dispatch.record("geglu", backend)
@@ -104,7 +106,8 @@ def _(gate, up, approximate, backend):
 @custom_op("geglu_bwd_op", mutates_args=())
 def geglu_bwd_op(grad_out: torch.Tensor, gate: torch.Tensor, up: torch.Tensor, approximate: str,
                  backend: str) -> tuple[torch.Tensor, torch.Tensor]:
-    backend = _pick(gate.device, backend, "bwd", gate.numel())
+    backend = _pick(gate.device, backend, "bwd", gate.numel(),
+                    grad_out.is_contiguous() and gate.is_contiguous() and up.is_contiguous())
     dgate = torch.empty(gate.shape, dtype=gate.dtype, device=gate.device)
     dup = torch.empty(up.shape, dtype=up.dtype, device=up.device)
     _bwd_into(rows(dgate), rows(dup), rows(grad_out), rows(gate), rows(up), approximate, backend)

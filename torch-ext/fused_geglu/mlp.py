@@ -86,7 +86,7 @@ def _forward(x, w_gate, w_up, w_down, b_gate, b_up, b_down, approximate: str, sa
     else:
         # With the auto policy the pointwise between the GEMMs is whichever measured faster at
         # this size (geglu_fwd's rules); a forced backend runs its own.
-        pointwise = _geglu._pick(device, "auto", "fwd", m * i) if auto and backend == "cuda" else backend
+        pointwise = _geglu._pick(device, "auto", "fwd", m * i, True) if auto and backend == "cuda" else backend
         y, g, u = _gemm_forward(x2, w_gate, w_up, w_down, b_gate, b_up, b_down, approximate, pointwise)
         if save_preact:
             gate, up = g, u
@@ -149,7 +149,7 @@ def _mlp_backward(grad_y, x, w_gate, w_up, w_down, b_gate, b_up, gate, up, appro
             gate, up = F.linear(x2, w_gate, b_gate), F.linear(x2, w_up, b_up)
         hid = dy @ w_down  # dh, turned into h by the in-place pointwise below
         # As in the forward: under the auto policy the pointwise is whichever measured faster.
-        pointwise = _geglu._pick(dev, "auto", "bwd_inplace", m * i) if requested == "auto" and backend == "cuda" \
+        pointwise = _geglu._pick(dev, "auto", "bwd_inplace", m * i, True) if requested == "auto" and backend == "cuda" \
             else backend
         _geglu._bwd_inplace(gate, up, hid, approximate, pointwise)
     d_w_down = dy.t() @ hid

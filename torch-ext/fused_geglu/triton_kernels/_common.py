@@ -54,13 +54,29 @@ def dot_precision(dtype: torch.dtype) -> str:
 
 
 @triton.jit
+def _tanh_parts(x):
+    """(s, 1 - s, v') of tanh GELU = x * s, s = sigmoid(v), v = 2 sqrt(2/pi) (x + 0.044715 x^3).
+
+    1 - s is formed as e * s (e = exp(-v)), not by subtraction: for large x, 1 - s cancels to a few
+    bits, and near gelu's stationary point (x ~ -0.75) the derivative's two terms nearly cancel, so
+    their sum is taken in one fused multiply-add (fp32 gradients measured 3x eager's error before).
+    -v is clamped so 1 + e stays finite and e * s is never inf * 0.
+    """
+    x2 = x * x
+    v = x * (0.0713548162726008322 * x2 + 1.59576912160573071)
+    e = tl.exp(tl.minimum(-v, 88.0))
+    s = 1.0 / (1.0 + e)
+    return s, e * s, 0.2140644488178024966 * x2 + 1.59576912160573071
+
+
+@triton.jit
 def gelu(x, ACT: tl.constexpr):
     """gelu(x) in fp32 for ACT in {ACT_GELU_ERF, ACT_GELU_TANH}; identity for ACT_NONE."""
     if ACT == 1:
         return 0.5 * x * (1.0 + tl.erf(x * 0.7071067811865476))
     elif ACT == 2:
-        z = 0.7978845608028654 * (x + 0.044715 * x * x * x)
-        return x * tl.sigmoid(2.0 * z)
+        s, _, _ = _tanh_parts(x)
+        return x * s
     else:
         return x
 
@@ -70,17 +86,15 @@ def gelu_grad(x, ACT: tl.constexpr):
     """d gelu(x) / dx in fp32 (1 for ACT_NONE).
 
     erf:  Phi(x) + x * phi(x),  Phi = 0.5 (1 + erf(x/sqrt2)), phi = exp(-x^2/2) / sqrt(2 pi)
-    tanh: s + 2 x s (1 - s) * sqrt(2/pi) (1 + 3 * 0.044715 x^2),  s = sigmoid(2 z)
+    tanh: s + x s (1 - s) v',  s = sigmoid(v), v = 2 sqrt(2/pi) (x + 0.044715 x^3)
     """
     if ACT == 1:
         cdf = 0.5 * (1.0 + tl.erf(x * 0.7071067811865476))
         pdf = 0.3989422804014327 * tl.exp(-0.5 * x * x)
         return cdf + x * pdf
     elif ACT == 2:
-        z = 0.7978845608028654 * (x + 0.044715 * x * x * x)
-        s = tl.sigmoid(2.0 * z)
-        dz = 0.7978845608028654 * (1.0 + 0.134145 * x * x)
-        return s + 2.0 * x * s * (1.0 - s) * dz
+        s, one_minus_s, dv = _tanh_parts(x)
+        return tl.fma(x * s, one_minus_s * dv, s)
     else:
         return tl.full(x.shape, 1.0, tl.float32)
 
@@ -93,10 +107,8 @@ def gelu_and_grad(x, ACT: tl.constexpr):
         pdf = 0.3989422804014327 * tl.exp(-0.5 * x * x)
         return x * cdf, cdf + x * pdf
     else:
-        z = 0.7978845608028654 * (x + 0.044715 * x * x * x)
-        s = tl.sigmoid(2.0 * z)
-        dz = 0.7978845608028654 * (1.0 + 0.134145 * x * x)
-        return x * s, s + 2.0 * x * s * (1.0 - s) * dz
+        s, one_minus_s, dv = _tanh_parts(x)
+        return x * s, tl.fma(x * s, one_minus_s * dv, s)
 
 
 @triton.jit
