@@ -33,6 +33,15 @@ def device_capability(device: torch.device) -> tuple[int, int]:
     return capability(device.index if device.index is not None else torch.cuda.current_device())
 
 
+def first_match(rules, fallback: str, sizes: dict[str, int]) -> str:
+    """The backend of the first rule whose ``min_<size>`` / ``max_<size>`` bounds all hold (a bound
+    a rule does not name is open), else ``fallback``."""
+    for rule in rules:
+        if all(rule.get(f"min_{k}", 0) <= v <= rule.get(f"max_{k}", 1 << 62) for k, v in sizes.items()):
+            return rule["backend"]
+    return fallback
+
+
 _decisions: dict[tuple, str] = {}
 
 
@@ -47,11 +56,7 @@ def backend_for(op: str, device: torch.device, fallback: str, **sizes: int) -> s
     key = (op, device_capability(device), fallback, *sizes.items())
     choice = _decisions.get(key)
     if choice is None:
-        choice = fallback
-        for rule in _rules(key[1]).get(op, ()):
-            if all(rule.get(f"min_{k}", 0) <= v <= rule.get(f"max_{k}", 1 << 62) for k, v in sizes.items()):
-                choice = rule["backend"]
-                break
+        choice = first_match(_rules(key[1]).get(op, ()), fallback, sizes)
         if len(_decisions) > 65536:  # sizes vary with the token count: keep the table bounded
             _decisions.clear()
         _decisions[key] = choice

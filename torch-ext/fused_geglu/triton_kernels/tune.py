@@ -70,6 +70,12 @@ _POINTWISE_CANDIDATES = [
                       (8, 2048, 8), (16, 1024, 8), (2, 4096, 8), (16, 512, 4)]
 ]
 
+# The flat kernels take BLOCK_M * BLOCK_N elements per program as one 1-D block (BLOCK_M = 1).
+_FLAT_POINTWISE_CANDIDATES = [
+    KernelConfig(BLOCK_M=1, BLOCK_N=bn, num_warps=w)
+    for bn, w in [(512, 2), (1024, 4), (1024, 8), (2048, 4), (2048, 8), (4096, 8), (4096, 16)]
+]
+
 
 def _make_call(kernel, m, n, k, dtype, dev):
     """Allocate operands once; return a zero-arg callable running `kernel` on them."""
@@ -83,6 +89,12 @@ def _make_call(kernel, m, n, k, dtype, dev):
         x, dy, dx = r(m, 2 * n), r(m, n), r(m, 2 * n)
         return (lambda: geglu.geglu_bwd(dx[:, :n], dx[:, n:], dy, x[:, :n], x[:, n:], "tanh"),
                 5 * m * n * x.element_size(), 0)
+    if kernel == "geglu_fwd_flat":  # contiguous operands, as the MLP's own buffers
+        g, u, out = r(m, n), r(m, n), r(m, n)
+        return lambda: geglu.geglu_fwd(out, g, u, "tanh"), 3 * m * n * g.element_size(), 0
+    if kernel == "geglu_bwd_flat":  # the MLP's in-place backward: 3 tensors read, 3 written
+        g, u, dy = r(m, n), r(m, n), r(m, n)
+        return lambda: geglu.geglu_bwd_inplace(g, u, dy, "tanh"), 6 * m * n * g.element_size(), 0
     fl = 2 * m * n * k
     if kernel == "linear_fwd":
         x, w, b, out = r(m, k), r(n, k), r(n), r(m, n)
@@ -150,6 +162,8 @@ def tune(kernel, shapes, dtype=torch.bfloat16, candidates=None, verbose=True):
 
 
 def _candidates(kernel, m):
+    if kernel in ("geglu_fwd_flat", "geglu_bwd_flat"):
+        return _FLAT_POINTWISE_CANDIDATES
     if kernel in _configs.POINTWISE_KERNELS:
         return _POINTWISE_CANDIDATES
     if m <= _configs.SKINNY_M_MAX:

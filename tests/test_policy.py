@@ -1,0 +1,87 @@
+"""The measured dispatch policy as the loaded kernel ships it (``policy_sm90.json``): every rule
+names only sizes its caller passes (a misspelt bound would silently never match) and a backend
+that exists, and the H200 decisions the README and the results describe are the ones it makes."""
+
+from __future__ import annotations
+
+import importlib
+import json
+from pathlib import Path
+
+import pytest
+
+# op -> (the sizes its caller passes to policy.backend_for, the backends a rule may name)
+_OPS = {
+    "geglu_mlp": ({"m", "h", "capturing"}, {"triton", "cuda", "torch"}),
+    "geglu_mlp_sm90": ({"m", "h"}, {"yes", "no"}),
+    "linear": ({"m"}, {"torch", "triton", "cuda"}),
+    "linear_gelu_tanh": ({"m"}, {"torch", "triton", "cuda"}),
+    "linear_gelu": ({"m"}, {"torch", "triton", "cuda"}),
+    "geglu_fwd": ({"numel", "dense"}, {"cuda", "triton", "cpu", "torch"}),
+    "geglu_bwd": ({"numel", "dense"}, {"cuda", "triton", "cpu", "torch"}),
+    "geglu_bwd_inplace": ({"numel", "dense"}, {"cuda", "triton", "cpu", "torch"}),
+}
+
+
+@pytest.fixture(scope="module")
+def policy(kernel):
+    return importlib.import_module(kernel.__name__ + ".policy")
+
+
+@pytest.fixture(scope="module")
+def sm90_rules(policy):
+    rules = policy._rules((9, 0))
+    assert rules, f"policy_sm90.json missing beside {policy.__file__}"
+    return rules
+
+
+def test_every_rule_names_known_sizes_and_backends(sm90_rules):
+    ops = {k for k in sm90_rules if not k.startswith("_")}
+    assert ops == set(_OPS), f"ops in the JSON {sorted(ops)} != ops the code asks about {sorted(_OPS)}"
+    for op, rules in ((k, v) for k, v in sm90_rules.items() if not k.startswith("_")):
+        sizes, backends = _OPS[op]
+        for i, rule in enumerate(rules):
+            where = f"{op}[{i}]"
+            assert rule.get("backend") in backends, f"{where}: backend {rule.get('backend')!r} not in {backends}"
+            assert rule.get("why"), f"{where}: says nothing about the measurement behind it"
+            bounds = {k for k in rule if k not in ("backend", "why")}
+            for key in bounds:
+                prefix, _, size = key.partition("_")
+                assert prefix in ("min", "max") and size in sizes, \
+                    f"{where}: bound {key!r} is not min_/max_ of the sizes {sorted(sizes)} its caller passes"
+                assert isinstance(rule[key], int), f"{where}: {key} must be an integer, got {rule[key]!r}"
+
+
+def test_policy_file_is_plain_json(policy):
+    path = Path(policy.__file__).with_name("policy_sm90.json")
+    json.loads(path.read_text())  # raises on a syntax error
+
+
+@pytest.mark.parametrize("op, sizes, expected", [
+    # decode under graph capture: the Triton gate+up kernel + split-K down GEMM
+    ("geglu_mlp", dict(m=16, h=2048, capturing=1), "triton"),
+    ("geglu_mlp", dict(m=16, h=2048, capturing=0), "cuda"),
+    ("geglu_mlp", dict(m=8192, h=3584, capturing=0), "cuda"),
+    ("geglu_mlp", dict(m=1024, h=2048, capturing=1), "cuda"),
+    # CUTLASS gate+up only for non-graph decode up to H = 2048
+    ("geglu_mlp_sm90", dict(m=16, h=2048), "yes"),
+    ("geglu_mlp_sm90", dict(m=16, h=3584), "no"),
+    ("geglu_mlp_sm90", dict(m=1024, h=1152), "no"),
+    ("linear", dict(m=8192), "torch"),
+    ("linear_gelu_tanh", dict(m=16), "cuda"),
+    ("linear_gelu", dict(m=16), "torch"),
+    # pointwise: dense operands -> the compiled flat kernels; strided large -> Triton row kernels
+    ("geglu_fwd", dict(numel=8192 * 16384, dense=1), "cuda"),
+    ("geglu_fwd", dict(numel=8192 * 16384, dense=0), "triton"),
+    ("geglu_fwd", dict(numel=1024 * 16384, dense=0), "cuda"),
+    ("geglu_bwd", dict(numel=8192 * 14336, dense=1), "cuda"),
+    ("geglu_bwd", dict(numel=8192 * 14336, dense=0), "triton"),
+    ("geglu_bwd_inplace", dict(numel=8192 * 16384, dense=1), "cuda"),
+])
+def test_h200_decisions(policy, sm90_rules, op, sizes, expected):
+    assert policy.first_match(sm90_rules[op], "<fallback>", sizes) == expected
+
+
+def test_no_rule_falls_back(policy):
+    assert policy.first_match([{"max_m": 4, "backend": "x"}], "fb", {"m": 5}) == "fb"
+    assert policy.first_match([{"max_m": 4, "backend": "x"}], "fb", {"m": 4}) == "x"
