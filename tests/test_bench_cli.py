@@ -88,3 +88,47 @@ def test_table_ratios(tmp_path):
     line = next(ln for ln in text.splitlines() if ln.startswith("geglu_mlp gemma-2b") and " 1024 triton" in ln)
     assert "0.85" in line and "0.89" in line  # ours/eager and ours/compile (0.85 / 0.95)
     assert "FAILED" in text
+
+
+def test_rounds_pool_the_samples_of_every_round(tmp_path, build_dir, monkeypatch):
+    """--rounds 3: each timed row is measured three times (round 2 in reverse provider order) and
+    its median, p20/p80 and reps come from the pooled samples. The real pipeline runs on CPU
+    (tiny float32 shapes, kernel loaded through kernels from build/); only the timer is stubbed."""
+    calls = []
+
+    def fake_measure(clock, step, n_sets, st, pre=None):
+        calls.append(step)
+        value = float(len(calls))  # every call returns different times, so pooling shows
+        return [value, value, value], 3
+
+    monkeypatch.setattr(bench, "measure", fake_measure)
+    argv = ["--smoke-cpu", "--no-compile", "--no-plot", "--rounds", "3", "--ops", "geglu",
+            "--build", str(build_dir), "--out", str(tmp_path)]
+    assert bench.main(argv) == 0
+    data = json.loads(next(tmp_path.glob("*.json")).read_text())
+    assert data["config"]["settings"]["rounds"] == 3
+    timed = [r for r in data["rows"] if r["status"] == "ok"]
+    assert timed, [r["err"] for r in data["rows"]]
+    assert len(calls) == 3 * len(timed)
+    for r in timed:
+        assert r["reps"] == 9, r
+        assert r["p20_us"] < r["median_us"] < r["p80_us"], r  # three different rounds pooled
+    # Per (case, mode) with k timed providers the timer saw s1..sk, then sk..s1, then s1..sk again.
+    groups: dict[tuple, int] = {}
+    for r in timed:
+        key = (r["shape"], r["M"], r["mode"])
+        groups[key] = groups.get(key, 0) + 1
+    assert max(groups.values()) >= 2, "needs two providers in one case to see the order"
+    pos = 0
+    for key, k in groups.items():
+        seg = calls[pos:pos + 3 * k]
+        assert len({id(f) for f in seg[:k]}) == k, key
+        assert seg[k:2 * k] == seg[:k][::-1], f"{key}: round 2 not in reverse order"
+        assert seg[2 * k:] == seg[:k], f"{key}: round 3 not in the first order"
+        pos += 3 * k
+
+
+def test_rounds_must_be_positive(capsys):
+    with pytest.raises(SystemExit):
+        bench.main(["--rounds", "0"])
+    assert "--rounds" in capsys.readouterr().err

@@ -89,6 +89,10 @@ class Settings:
     target_ms: float = 100.0  # timed time per row (reps = target / estimate, clamped)
     min_reps: int = 10
     max_reps: int = 400
+    # Timing rounds per (case, mode): round 1 times every provider in turn; each further round times
+    # them again in the opposite order and pools the samples, so a clock or thermal drift during a
+    # case lands on every provider instead of on whichever ran last.
+    rounds: int = 1
     rotate_factor: float = 4.0  # rotation working set = factor x L2
     max_sets: int = 256
     graph_reps: int = 50
@@ -576,6 +580,7 @@ class Run:
         self.aborted: str | None = None
         self.phase_s: dict[str, float] = {}
         self.compile_total_s = 0.0
+        self._last_timed: tuple | None = None  # (step, pre, times, info) of the row _one just timed
 
     # ---- budget -----------------------------------------------------------------------------
     def elapsed(self) -> float:
@@ -688,12 +693,16 @@ class Run:
                     bound[prov] = exc
             for mode in modes:
                 case.set_train(mode == "train")
+                timed = []
                 for prov in providers:
                     row = Row(op, shape.name, shape.H, shape.I, M, prov, mode, n_buffers=case.n_sets)
                     self.rows.append(row)
                     self._one(row, case, bound[prov], refs[mode], tol, mode, kernel)
                     if self.aborted:
                         return
+                    if self._last_timed is not None:
+                        timed.append((row, *self._last_timed))
+                self._more_rounds(case, timed, mode == "train")
                 if mode == "fwd" and kernel is not None and not args.smoke_cpu:
                     self._record_dispatch(case, kernel)
             if M <= DECODE_MAX_M and self.device.type == "cuda" and not args.no_graph:
@@ -709,6 +718,24 @@ class Run:
             del case
             if self.device.type == "cuda":
                 torch.cuda.empty_cache()
+
+    def _more_rounds(self, case: Case, timed: list[tuple], train: bool) -> None:
+        """Rounds 2..N of the timed rows of one mode, alternating the order; samples are pooled."""
+        for r in range(1, self.st.rounds):
+            order = timed[::-1] if r % 2 else timed
+            for row, step, pre, times, info in order:
+                if self.over_budget():
+                    return
+                more, reps = measure(self.clock, step, case.n_sets, self.st, pre=pre)
+                times.extend(more)
+                row.reps += reps
+                row.median_us, row.p20_us, row.p80_us = summarize(times)
+                self._fill_cost(row)
+                if train:
+                    if info.get("mutates_inputs"):
+                        case.refill()
+                    for i in range(case.n_sets):
+                        case.clear_grads(i)
 
     def _record_dispatch(self, case: Case, kernel) -> None:
         torch = self.torch
@@ -728,6 +755,7 @@ class Run:
 
     def _one(self, row: Row, case: Case, bound, ref: dict, tol: dict, mode: str, kernel) -> None:
         torch, st = self.torch, self.st
+        self._last_timed = None
         if self.over_budget():
             row.status, row.err = "skipped", f"time budget ({self.args.budget_s:.0f} s) spent"
             return
@@ -790,6 +818,7 @@ class Run:
             times, reps = measure(self.clock, step, case.n_sets, st, pre=pre)
             row.median_us, row.p20_us, row.p80_us = summarize(times)
             row.reps = reps
+            self._last_timed = (step, pre, times, info)
             # 3. memory of one call
             if train:
                 for i in range(case.n_sets):
@@ -1190,6 +1219,13 @@ def _csv(kind):
     return parse
 
 
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="fused-geglu bench", description=__doc__.split("\n\n")[0])
     p.add_argument("--out", type=Path, default=None, help=f"results folder (default {DEFAULT_OUT})")
@@ -1206,6 +1242,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-graph", action="store_true", help="skip CUDA-graph replay rows")
     p.add_argument("--no-plot", action="store_true")
     p.add_argument("--budget-s", type=float, default=540.0, help="stop starting rows after this many seconds (default 540)")
+    p.add_argument("--rounds", type=_positive_int, default=1,
+                   help="time every (case, mode) this many times, alternating the provider order, and pool the samples")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--tol-factor", type=float, default=2.0, help="error allowed vs eager bf16's (default 2x)")
     p.add_argument("--commit", default=None, help="source commit to record (default: $FUSED_GEGLU_COMMIT or git HEAD)")
@@ -1229,7 +1267,7 @@ def main(argv: list[str] | None = None) -> int:
         print(GPU_ONLY_MESSAGE)
         return 0
     t_start = _now()
-    st = Settings(tol_factor=args.tol_factor)
+    st = Settings(tol_factor=args.tol_factor, rounds=args.rounds)
     if args.quick or args.smoke_cpu:
         st.target_ms, st.warmup_ms, st.max_reps, st.graph_reps = 40.0, 10.0, 200, 20
     if args.smoke_cpu:
