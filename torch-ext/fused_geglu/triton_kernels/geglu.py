@@ -11,7 +11,9 @@ When every operand is contiguous (the MLP's own buffers, separate gate/up tensor
 the flat kernels instead: one 1-D block of BLOCK elements per program, int32 offsets unless the
 tensor passes 2^31 elements, and no mask at all when BLOCK divides the element count. That is the
 shape of torch.compile's generated pointwise code, which measured 4.22-4.33 TB/s on the H200 where
-the 2-D kernel reached 3.83-4.12 (benchmarks/results/pointwise-profile-h200-6ee2946.json).
+the 2-D kernel reached 3.83-4.12 at [8192, 6912..16384] (pointwise-profile-h200-6ee2946.json); the
+flat kernels then measured 4.18-4.37 TB/s there (pointwise-profile-h200-fc7f41e.json, both in
+benchmarks/results/).
 """
 
 import torch
