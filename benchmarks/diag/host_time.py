@@ -15,20 +15,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import time
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
-
-SHAPES = {"gemma3-1b": (1152, 6912), "gemma-2b": (2048, 16384), "gemma2-9b": (3584, 14336)}
-
-
-def _eager(x, wg, wu, wd):
-    return F.linear(F.gelu(F.linear(x, wg), approximate="tanh") * F.linear(x, wu), wd)
-
+from _diag import SHAPES, eager_mlp, kernel_times, load_kernel
 
 def _host_us(fn, n: int = 50) -> float:
     torch.cuda.synchronize()
@@ -52,40 +44,27 @@ def _span_us(fn, n: int = 50) -> float:
     return statistics.median(s.elapsed_time(e) * 1e3 for s, e in ev)
 
 
-def _kernel_us(fn, n: int = 20) -> float:
-    torch.cuda.synchronize()
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-        for _ in range(n):
-            fn()
-        torch.cuda.synchronize()
-    return sum(getattr(e, "device_time_total", None) or getattr(e, "cuda_time_total", 0.0)
-               for e in prof.key_averages()) / n
-
-
 def main() -> int:
     p = argparse.ArgumentParser()
     p.add_argument("--shape", default="gemma-2b", choices=sorted(SHAPES))
     p.add_argument("--tokens", default="16,1024")
     p.add_argument("--out", type=Path, default=Path("."))
     args = p.parse_args()
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    import kernels
-
-    k = kernels.get_kernel("org/fused-geglu", version=1, trust_remote_code=True)
+    k = load_kernel()
     h, i = SHAPES[args.shape]
     dev, dt = torch.device("cuda"), torch.bfloat16
     ws = [torch.randn(*s, device=dev, dtype=dt) * s[1] ** -0.5 for s in ((i, h), (i, h), (h, i))]
-    compiled = torch.compile(_eager, dynamic=False)
+    compiled = torch.compile(eager_mlp, dynamic=False)
     rows = []
     for m in (int(t) for t in args.tokens.split(",")):
         x = torch.randn(m, h, device=dev, dtype=dt)
         for name, f in (("ours-auto", lambda: k.geglu_mlp(x, *ws, approximate="tanh")),
-                        ("compile", lambda: compiled(x, *ws)), ("eager", lambda: _eager(x, *ws))):
+                        ("compile", lambda: compiled(x, *ws)), ("eager", lambda: eager_mlp(x, *ws))):
             with torch.no_grad():
                 for _ in range(5):
                     f()
                 row = {"shape": args.shape, "M": m, "provider": name, "host_us": _host_us(f),
-                       "span_us": _span_us(f), "kernel_us": _kernel_us(f)}
+                       "span_us": _span_us(f), "kernel_us": sum(kernel_times(f, 20, warmup=0).values())}
             rows.append(row)
             print(f"{args.shape:10s} M={m:5d} {name:10s} host {row['host_us']:7.1f}  span {row['span_us']:7.1f}  "
                   f"kernels {row['kernel_us']:7.1f} us", flush=True)

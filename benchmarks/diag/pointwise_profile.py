@@ -14,26 +14,11 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
-import os
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-
-
-def _gpu_us(fn, steps: int) -> float:
-    """Summed kernel time per call of ``fn`` (µs), from the profiler's CUDA activity."""
-    for _ in range(3):
-        fn()
-    torch.cuda.synchronize()
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-        for _ in range(steps):
-            fn()
-        torch.cuda.synchronize()
-    total = 0.0
-    for evt in prof.key_averages():
-        total += getattr(evt, "device_time_total", None) or getattr(evt, "cuda_time_total", 0.0)
-    return total / steps
+from _diag import kernel_times, load_kernel
 
 
 def main() -> int:
@@ -44,10 +29,7 @@ def main() -> int:
                    help="flat Triton configs to time as BLOCKxWARPS (besides the shipped ones)")
     p.add_argument("--out", type=Path, default=Path("."))
     args = p.parse_args()
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    import kernels
-
-    k = kernels.get_kernel("org/fused-geglu", version=1, trust_remote_code=True)
+    k = load_kernel()
     ops = getattr(torch.ops, k.OPS_ID)
     tk = importlib.import_module(k.__name__ + ".triton_kernels.geglu")
     dev, dt = torch.device("cuda"), torch.bfloat16
@@ -94,7 +76,7 @@ def main() -> int:
                 6, lambda fa=fa, grid=grid: tk._geglu_bwd_flat_kernel[grid](gi, ui, di, di, gi, ui, numel, ACT=2,
                                                                            STORE_H=True, **fa))
         for (mode, prov), (tensors, fn) in cases.items():
-            us = _gpu_us(fn, args.steps)
+            us = sum(kernel_times(fn, args.steps).values())
             rows.append({"M": m, "N": n, "mode": mode, "provider": prov, "gpu_us": us, "gbps": tensors * mb / us})
             print(f"{m:5d}x{n:<6d} {mode:12s} {prov:8s} {us:8.1f} us  {tensors * mb / us:7.0f} GB/s", flush=True)
     args.out.mkdir(parents=True, exist_ok=True)

@@ -12,34 +12,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
+from _diag import SHAPES, eager_mlp, kernel_times, load_kernel
 
-SHAPES = {"gemma3-1b": (1152, 6912), "gemma-2b": (2048, 16384), "gemma2-9b": (3584, 14336)}
 GEMM_MARKS = ("gemm", "cutlass", "sm90_xmma", "cublas", "nvjet", "matmul")
-
-
-def _eager(x, wg, wu, wd):
-    return F.linear(F.gelu(F.linear(x, wg), approximate="tanh") * F.linear(x, wu), wd)
-
-
-def _profile(step, steps: int) -> dict[str, float]:
-    for _ in range(3):
-        step()
-    torch.cuda.synchronize()
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-        for _ in range(steps):
-            step()
-        torch.cuda.synchronize()
-    per_kernel: dict[str, float] = {}
-    for evt in prof.key_averages():
-        t = getattr(evt, "device_time_total", None) or getattr(evt, "cuda_time_total", 0.0)
-        if t > 0:
-            per_kernel[evt.key] = per_kernel.get(evt.key, 0.0) + t / steps
-    return per_kernel
 
 
 def main() -> int:
@@ -50,17 +28,14 @@ def main() -> int:
     p.add_argument("--mode", choices=("train", "fwd"), default="train")
     p.add_argument("--out", type=Path, default=Path("."))
     args = p.parse_args()
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    import kernels
-
-    k = kernels.get_kernel("org/fused-geglu", version=1, trust_remote_code=True)
+    k = load_kernel()
     h, i = SHAPES[args.shape]
     dev, dt = torch.device("cuda"), torch.bfloat16
     torch.manual_seed(0)
     x = torch.randn(args.tokens, h, device=dev, dtype=dt, requires_grad=True)
     ws = [torch.nn.Parameter(torch.randn(*s, device=dev, dtype=dt) * s[1] ** -0.5) for s in ((i, h), (i, h), (h, i))]
     dy = torch.randn(args.tokens, h, device=dev, dtype=dt)
-    compiled = torch.compile(_eager)
+    compiled = torch.compile(eager_mlp)
 
     def step_of(fn):
         def step():
@@ -75,8 +50,8 @@ def main() -> int:
 
     result = {}
     for name, fn in (("ours-auto", lambda *a: k.geglu_mlp(*a, approximate="tanh")), ("compile", compiled),
-                     ("eager", _eager)):
-        kern = _profile(step_of(fn), args.steps)
+                     ("eager", eager_mlp)):
+        kern = kernel_times(step_of(fn), args.steps)
         gemm = sum(t for n, t in kern.items() if any(m in n.lower() for m in GEMM_MARKS))
         result[name] = {"total_us": sum(kern.values()), "gemm_us": gemm, "kernels": kern}
         print(f"== {name}: {sum(kern.values()):.0f} us of kernels per step, GEMMs {gemm:.0f} us")
