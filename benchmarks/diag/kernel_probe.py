@@ -123,7 +123,28 @@ def interleave(wg, wu, group=8):
     return torch.stack([wg.reshape(i // group, group, h), wu.reshape(i // group, group, h)], 1).reshape(2 * i, h)
 
 
+SM90_TILES = ("128x128", "128x256", "128x128pp", "256x128", "128x192pp")
+# Tile-scheduler orders tried at M >= 1024: (swizzle, raster); raster "" = CUTLASS's heuristic.
+SM90_ORDERS = (("1", ""), ("2", ""), ("4", ""), ("8", ""), ("1", "n"), ("4", "n"))
+
+
+def _sm90_env(tile: str, swizzle: str = "1", raster: str = "") -> None:
+    os.environ["FUSED_GEGLU_SM90_TILE"] = tile
+    os.environ["FUSED_GEGLU_SM90_SWIZZLE"] = swizzle
+    if raster:
+        os.environ["FUSED_GEGLU_SM90_RASTER"] = raster
+    else:
+        os.environ.pop("FUSED_GEGLU_SM90_RASTER", None)
+
+
+def _sm90_env_clear() -> None:
+    for v in ("FUSED_GEGLU_SM90_TILE", "FUSED_GEGLU_SM90_SWIZZLE", "FUSED_GEGLU_SM90_RASTER"):
+        os.environ.pop(v, None)
+
+
 def sm90(k, ops, rows: list) -> None:
+    """Every tile x scheduler order of the CUTLASS gate+up GEMM against cuBLAS over [w_gate; w_up]
+    (the same FLOPs, no GeGLU) and compile's 2 GEMMs + GeGLU; each tile's h checked once."""
     dt = torch.bfloat16
     for name, (h, i) in SHAPES.items():
         wg = torch.randn(i, h, device="cuda", dtype=dt) / h ** 0.5
@@ -139,11 +160,13 @@ def sm90(k, ops, rows: list) -> None:
             cases = {"cublas [wg;wu] one GEMM": lambda j: xs[j] @ wcat.t()}
             if m == 8192:
                 cases["compile 2 GEMM + geglu"] = lambda j: two(xs[j])
-            for tile in ("128x128", "128x256", "128x128pp"):
-                def run(j, tile=tile):
-                    os.environ["FUSED_GEGLU_SM90_TILE"] = tile
-                    ops.geglu_gateup_sm90(hs[j], xs[j], w, None, 1, None)
-                cases[f"sm90 {tile}"] = run
+            orders = SM90_ORDERS if m >= 1024 else (("1", ""),)
+            for tile in SM90_TILES:
+                for swz, raster in orders:
+                    def run(j, tile=tile, swz=swz, raster=raster):
+                        _sm90_env(tile, swz, raster)
+                        ops.geglu_gateup_sm90(hs[j], xs[j], w, None, 1, None)
+                    cases[f"sm90 {tile} s{swz}{raster}"] = run
             for impl, fn in cases.items():
                 try:
                     t = time_us(fn, sets, reps=40 if m == 8192 else 100)
@@ -151,12 +174,17 @@ def sm90(k, ops, rows: list) -> None:
                                  "tflops": flops / t / 1e6})
                 except Exception as exc:  # noqa: BLE001
                     rows.append({"section": "sm90", "shape": name, "M": m, "impl": impl, "error": repr(exc)[:300]})
-            os.environ.pop("FUSED_GEGLU_SM90_TILE", None)
-            # check: the default tile's h against the reference
             ref = F.gelu((xs[0].float() @ wg.float().t()), approximate="tanh") * (xs[0].float() @ wu.float().t())
-            ops.geglu_gateup_sm90(hs[0], xs[0], w, None, 1, None)
-            rows.append({"section": "sm90", "shape": name, "M": m, "impl": "check",
-                         "rel_err": float((hs[0].float() - ref).norm() / ref.norm())})
+            for tile in SM90_TILES:
+                _sm90_env(tile, "4", "")
+                try:
+                    ops.geglu_gateup_sm90(hs[0], xs[0], w, None, 1, None)
+                    rows.append({"section": "sm90", "shape": name, "M": m, "impl": f"check {tile}",
+                                 "rel_err": float((hs[0].float() - ref).norm() / ref.norm())})
+                except Exception as exc:  # noqa: BLE001
+                    rows.append({"section": "sm90", "shape": name, "M": m, "impl": f"check {tile}",
+                                 "error": repr(exc)[:300]})
+            _sm90_env_clear()
             del xs, hs
         del wg, wu, w, wcat
         torch.cuda.empty_cache()

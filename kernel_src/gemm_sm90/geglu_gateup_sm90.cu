@@ -40,17 +40,39 @@ const char *tile_name(TileCfg c) {
     case TileCfg::k128x128: return "128x128";
     case TileCfg::k128x256: return "128x256";
     case TileCfg::k128x128pp: return "128x128pp";
+    case TileCfg::k256x128: return "256x128";
+    case TileCfg::k128x192pp: return "128x192pp";
   }
   return "?";
+}
+
+constexpr TileCfg kAllTiles[] = {TileCfg::k128x128, TileCfg::k128x256, TileCfg::k128x128pp,
+                                 TileCfg::k256x128, TileCfg::k128x192pp};
+
+// $FUSED_GEGLU_SM90_SWIZZLE (1/2/4/8) and $FUSED_GEGLU_SM90_RASTER (m/n) override the tile
+// scheduler's order, for measuring them; read per call.
+void scheduler_overrides(GateUpArgs &a) {
+  if (const char *e = std::getenv("FUSED_GEGLU_SM90_SWIZZLE")) {
+    const int v = std::atoi(e);
+    TORCH_CHECK(v == 1 || v == 2 || v == 4 || v == 8,
+                "FUSED_GEGLU_SM90_SWIZZLE must be 1, 2, 4 or 8, got '", e, "'");
+    a.swizzle = v;
+  }
+  if (const char *e = std::getenv("FUSED_GEGLU_SM90_RASTER")) {
+    TORCH_CHECK(std::strcmp(e, "m") == 0 || std::strcmp(e, "n") == 0,
+                "FUSED_GEGLU_SM90_RASTER must be m or n, got '", e, "'");
+    a.raster = e[0] == 'm' ? 1 : 2;
+  }
 }
 
 TileCfg pick_tile(int64_t M, int64_t N2, int sm_count) {
   // $FUSED_GEGLU_SM90_TILE forces a tile (for measuring them side by side); read per call.
   if (const char *e = std::getenv("FUSED_GEGLU_SM90_TILE")) {
-    for (TileCfg c : {TileCfg::k128x128, TileCfg::k128x256, TileCfg::k128x128pp}) {
+    for (TileCfg c : kAllTiles) {
       if (std::strcmp(e, tile_name(c)) == 0) return c;
     }
-    TORCH_CHECK(false, "FUSED_GEGLU_SM90_TILE must be 128x128, 128x256 or 128x128pp, got '", e, "'");
+    TORCH_CHECK(false, "FUSED_GEGLU_SM90_TILE must be one of 128x128, 128x256, 128x128pp, 256x128, "
+                "128x192pp, got '", e, "'");
   }
   // The wide tile halves B traffic per output but needs enough tiles to fill the machine.
   const int64_t big_tiles = ((M + 127) / 128) * ((N2 + 255) / 256);
@@ -64,6 +86,8 @@ const char *dispatch(GateUpArgs &a, TileCfg cfg, at::Tensor &ws_holder, const at
   switch (cfg) {
     case TileCfg::k128x256: ws = geglu_gateup_workspace_bytes<Element, TileCfg::k128x256>(a); break;
     case TileCfg::k128x128pp: ws = geglu_gateup_workspace_bytes<Element, TileCfg::k128x128pp>(a); break;
+    case TileCfg::k256x128: ws = geglu_gateup_workspace_bytes<Element, TileCfg::k256x128>(a); break;
+    case TileCfg::k128x192pp: ws = geglu_gateup_workspace_bytes<Element, TileCfg::k128x192pp>(a); break;
     default: ws = geglu_gateup_workspace_bytes<Element, TileCfg::k128x128>(a); break;
   }
   if (ws > 0) {
@@ -73,6 +97,8 @@ const char *dispatch(GateUpArgs &a, TileCfg cfg, at::Tensor &ws_holder, const at
   switch (cfg) {
     case TileCfg::k128x256: return launch_geglu_gateup<Element, TileCfg::k128x256>(a);
     case TileCfg::k128x128pp: return launch_geglu_gateup<Element, TileCfg::k128x128pp>(a);
+    case TileCfg::k256x128: return launch_geglu_gateup<Element, TileCfg::k256x128>(a);
+    case TileCfg::k128x192pp: return launch_geglu_gateup<Element, TileCfg::k128x192pp>(a);
     default: return launch_geglu_gateup<Element, TileCfg::k128x128>(a);
   }
 }
@@ -152,6 +178,7 @@ void geglu_gateup_sm90(at::Tensor &h_out, at::Tensor const &x, at::Tensor const 
   a.sm_count = prop->multiProcessorCount;
   a.stream = at::cuda::getCurrentCUDAStream();
   a.workspace = nullptr;
+  scheduler_overrides(a);
 
   const TileCfg cfg = pick_tile(M, N2, a.sm_count);
   at::Tensor ws_holder;

@@ -47,6 +47,10 @@ struct GateUpArgs {
   int device, sm_count;
   cudaStream_t stream;
   void *workspace;       // at least workspace_bytes(...) bytes (0 for the persistent scheduler)
+  // Persistent tile scheduler: tile-order swizzle (1, 2, 4 or 8 tiles; larger keeps a wave's x and
+  // w panels inside L2 when x is bigger than L2) and raster order (0 heuristic, 1 along M, 2 along N).
+  int swizzle = 1;
+  int raster = 0;
 };
 
 // Tile configurations (few on purpose: each is a separate heavy instantiation).
@@ -54,7 +58,9 @@ struct GateUpArgs {
 //   k128x256    cooperative, cluster 2x1 (multicast x tiles): the wide tile for large M
 //   k128x128pp  ping-pong (each consumer warp group owns a whole 128x128 tile; one group's
 //               GeGLU epilogue overlaps the other's mainloop), cluster 2x1
-enum class TileCfg : int { k128x128 = 0, k128x256 = 1, k128x128pp = 2 };
+//   k256x128    cooperative, each consumer group a 128x128 half, cluster 1x2 (multicast w tiles)
+//   k128x192pp  ping-pong with a 192-wide tile (192 accumulators per thread), cluster 1x2
+enum class TileCfg : int { k128x128 = 0, k128x256 = 1, k128x128pp = 2, k256x128 = 3, k128x192pp = 4 };
 
 // Defined in the per-dtype TUs. Return a message on failure, nullptr on success.
 template <class Element, TileCfg Cfg>

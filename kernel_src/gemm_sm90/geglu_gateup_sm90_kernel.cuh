@@ -188,14 +188,20 @@ struct GateUpKernel {
   using LayoutA = cutlass::layout::RowMajor;     // x [M, K], K-major
   using LayoutB = cutlass::layout::ColumnMajor;  // w [N, K] row-major == (K x N) column-major
   static constexpr int kAlign = 16 / sizeof(Element);
-  using TileShape = cute::conditional_t<Cfg == TileCfg::k128x256,
-                                        cute::Shape<cute::_128, cute::_256, cute::_64>,
-                                        cute::Shape<cute::_128, cute::_128, cute::_64>>;
-  using ClusterShape = cute::conditional_t<Cfg == TileCfg::k128x128,
-                                           cute::Shape<cute::_1, cute::_1, cute::_1>,
-                                           cute::Shape<cute::_2, cute::_1, cute::_1>>;
-  using Schedule = cute::conditional_t<Cfg == TileCfg::k128x128pp,
-                                       cutlass::gemm::KernelTmaWarpSpecializedPingpong,
+  // Tile, cluster and schedule of each TileCfg (geglu_gateup_sm90.h lists them).
+  using TileShape = cute::conditional_t<
+      Cfg == TileCfg::k128x256, cute::Shape<cute::_128, cute::_256, cute::_64>,
+      cute::conditional_t<Cfg == TileCfg::k256x128, cute::Shape<cute::_256, cute::_128, cute::_64>,
+                          cute::conditional_t<Cfg == TileCfg::k128x192pp,
+                                              cute::Shape<cute::_128, cute::_192, cute::_64>,
+                                              cute::Shape<cute::_128, cute::_128, cute::_64>>>>;
+  using ClusterShape = cute::conditional_t<
+      Cfg == TileCfg::k128x128, cute::Shape<cute::_1, cute::_1, cute::_1>,
+      cute::conditional_t<Cfg == TileCfg::k256x128 || Cfg == TileCfg::k128x192pp,
+                          cute::Shape<cute::_1, cute::_2, cute::_1>,
+                          cute::Shape<cute::_2, cute::_1, cute::_1>>>;
+  static constexpr bool kPingpong = Cfg == TileCfg::k128x128pp || Cfg == TileCfg::k128x192pp;
+  using Schedule = cute::conditional_t<kPingpong, cutlass::gemm::KernelTmaWarpSpecializedPingpong,
                                        cutlass::gemm::KernelTmaWarpSpecializedCooperative>;
   using Epi = GegluEpilogue<Element>;
   using CollectiveEpilogue = cutlass::epilogue::collective::detail::Sm90TmaWarpSpecializedAdapter<Epi>;
@@ -233,6 +239,11 @@ struct GateUpKernel {
         {static_cast<Element const *>(a.x), sa, static_cast<Element const *>(a.w), sb},
         epi,
         hw};
+    using Raster = cutlass::gemm::kernel::detail::RasterOrderOptions;
+    args.scheduler.max_swizzle_size = a.swizzle;
+    args.scheduler.raster_order = a.raster == 1   ? Raster::AlongM
+                                  : a.raster == 2 ? Raster::AlongN
+                                                  : Raster::Heuristic;
     return args;
   }
 
