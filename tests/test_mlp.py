@@ -206,7 +206,7 @@ def test_sm90_knobs_reject_bad_values(kernel, device, monkeypatch):
     if torch.cuda.get_device_capability() != (9, 0):
         pytest.skip("the CUTLASS gate+up GEMM is sm_90 only")
     x = randn(16, 64, dtype=torch.bfloat16, device=device)
-    params = [p.detach() for p in _params(64, 64, torch.bfloat16, device, biases=False)][:3]
+    params = [p.detach() for p in _params(64, 64, torch.bfloat16, device, biases=False)[:3]]
     for var, bad in (("FUSED_GEGLU_SM90_TILE", "64x64"), ("FUSED_GEGLU_SM90_SWIZZLE", "3"),
                      ("FUSED_GEGLU_SM90_RASTER", "diagonal")):
         with monkeypatch.context() as mp:

@@ -6,14 +6,27 @@ from __future__ import annotations
 
 import importlib
 import json
+import re
 from pathlib import Path
 
 import pytest
 
+# The CUTLASS gate+up launches a geglu_mlp_sm90 rule may name (sm90_weights.parse_launch's format).
+_SM90_LAUNCH = re.compile(r"(128x128|128x256|128x128pp|256x128|128x192pp)/s[1248][mn]?")
+
+
+class _Launches:
+    def __contains__(self, value) -> bool:
+        return value == "no" or (isinstance(value, str) and _SM90_LAUNCH.fullmatch(value) is not None)
+
+    def __repr__(self) -> str:
+        return f"'no' or {_SM90_LAUNCH.pattern}"
+
+
 # op -> (the sizes its caller passes to policy.backend_for, the backends a rule may name)
 _OPS = {
     "geglu_mlp": ({"m", "h", "capturing"}, {"triton", "cuda", "torch"}),
-    "geglu_mlp_sm90": ({"m", "h"}, {"yes", "no"}),
+    "geglu_mlp_sm90": ({"m", "h"}, _Launches()),
     "linear": ({"m"}, {"torch", "triton", "cuda"}),
     "linear_gelu_tanh": ({"m"}, {"torch", "triton", "cuda"}),
     "linear_gelu": ({"m"}, {"torch", "triton", "cuda"}),
@@ -63,10 +76,12 @@ def test_policy_file_is_plain_json(policy):
     ("geglu_mlp", dict(m=16, h=2048, capturing=0), "cuda"),
     ("geglu_mlp", dict(m=8192, h=3584, capturing=0), "cuda"),
     ("geglu_mlp", dict(m=1024, h=2048, capturing=1), "cuda"),
-    # CUTLASS gate+up only for non-graph decode up to H = 2048
-    ("geglu_mlp_sm90", dict(m=16, h=2048), "yes"),
+    # CUTLASS gate+up: non-graph decode and M >= 1024 up to H = 2048
+    ("geglu_mlp_sm90", dict(m=16, h=2048), "128x128/s1"),
     ("geglu_mlp_sm90", dict(m=16, h=3584), "no"),
-    ("geglu_mlp_sm90", dict(m=1024, h=1152), "no"),
+    ("geglu_mlp_sm90", dict(m=1024, h=1152), "128x128pp/s1"),
+    ("geglu_mlp_sm90", dict(m=8192, h=2048), "128x128pp/s1"),
+    ("geglu_mlp_sm90", dict(m=8192, h=3584), "no"),
     ("linear", dict(m=8192), "torch"),
     ("linear_gelu_tanh", dict(m=16), "cuda"),
     ("linear_gelu", dict(m=16), "torch"),
@@ -85,3 +100,19 @@ def test_h200_decisions(policy, sm90_rules, op, sizes, expected):
 def test_no_rule_falls_back(policy):
     assert policy.first_match([{"max_m": 4, "backend": "x"}], "fb", {"m": 5}) == "fb"
     assert policy.first_match([{"max_m": 4, "backend": "x"}], "fb", {"m": 4}) == "x"
+
+
+def test_sm90_launches_parse(kernel, sm90_rules):
+    """Every launch the policy names reaches the op as a valid (tile, swizzle, raster); a malformed
+    one is an error naming the expected form, not a silent default."""
+    sm90 = importlib.import_module(kernel.__name__ + ".sm90_weights")
+    for rule in sm90_rules["geglu_mlp_sm90"]:
+        if rule["backend"] != "no":
+            tile, swizzle, raster = sm90.parse_launch(rule["backend"])
+            assert 0 <= tile < len(sm90.TILES) and swizzle in (1, 2, 4, 8) and raster in (0, 1, 2)
+    assert sm90.parse_launch("256x128/s8n") == (3, 8, 2)
+    assert sm90.parse_launch("128x192pp/s2m") == (4, 2, 1)
+    assert sm90.parse_launch(None) == (-1, 1, 0)
+    for bad in ("64x64/s1", "128x128/s3", "128x128", "128x128/s1x", "128x128/s8mn"):
+        with pytest.raises(ValueError, match="sm90 launch"):
+            sm90.parse_launch(bad)

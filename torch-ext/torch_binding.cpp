@@ -33,7 +33,7 @@ TORCH_LIBRARY_EXPAND(TORCH_EXTENSION_NAME, ops) {
   ops.impl("linear_lt_bwd_weight", c10::kCUDA, &linear_lt_bwd_weight);
   ops.def(
       "geglu_gateup_sm90(Tensor(a!) h_out, Tensor x, Tensor w_gateup, Tensor? b_gateup, "
-      "int approximate, Tensor(b!)? preact_out) -> ()");
+      "int approximate, Tensor(b!)? preact_out, int tile=-1, int swizzle=1, int raster=0) -> ()");
   ops.impl("geglu_gateup_sm90", c10::kCUDA, &geglu_gateup_sm90);
 #endif
 }

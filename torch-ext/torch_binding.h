@@ -40,7 +40,10 @@ void linear_lt_bwd_weight(at::Tensor &dw, std::optional<at::Tensor> const &db,
 // sm90a CUTLASS GEMM with a GeGLU epilogue: h_out[M,I] = gelu(gate) * up from one GEMM over the
 // 8-row-interleaved w_gateup[2I,H] (layout in kernel_src/gemm_sm90/geglu_gateup_sm90.h);
 // approximate 0 = erf, 1 = tanh; b_gateup[2I] and preact_out[M,2I] interleaved the same way.
+// tile: a TileCfg index (-1: the op's own size heuristic); swizzle 1/2/4/8 and raster 0/1/2 (heuristic,
+// along M, along N) order the persistent tile scheduler. The caller's measured policy picks them.
 void geglu_gateup_sm90(at::Tensor &h_out, at::Tensor const &x, at::Tensor const &w_gateup,
                        std::optional<at::Tensor> const &b_gateup, int64_t approximate,
-                       std::optional<at::Tensor> const &preact_out);
+                       std::optional<at::Tensor> const &preact_out, int64_t tile, int64_t swizzle,
+                       int64_t raster);
 #endif

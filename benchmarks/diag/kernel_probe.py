@@ -59,6 +59,31 @@ def time_us(fn, sets: int, reps: int = 60, warmup: int = 5) -> float:
     return 1e3 * statistics.median(s.elapsed_time(e) for s, e in zip(starts, ends))
 
 
+def time_samples(fn, sets: int, reps: int, warmup: int = 3) -> list[float]:
+    """Per-call microseconds of reps calls of fn(i), i rotating over sets (CUDA events)."""
+    for i in range(warmup):
+        fn(i % sets)
+    torch.cuda.synchronize()
+    ev = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(reps)]
+    for r, (s, e) in enumerate(ev):
+        s.record()
+        fn(r % sets)
+        e.record()
+    torch.cuda.synchronize()
+    return [1e3 * s.elapsed_time(e) for s, e in ev]
+
+
+def time_rounds(cases: dict, sets: int, rounds: int, reps: int) -> dict[str, float]:
+    """Median per case over ``rounds`` rounds, each timing every case, the order reversed every other
+    round, so a clock or thermal drift during the run lands on all cases alike."""
+    samples: dict[str, list[float]] = {name: [] for name in cases}
+    names = list(cases)
+    for r in range(rounds):
+        for name in (names if r % 2 == 0 else names[::-1]):
+            samples[name] += time_samples(cases[name], sets, reps)
+    return {name: statistics.median(v) for name, v in samples.items()}
+
+
 def copy_gbps() -> float:
     a = torch.empty(1 << 29, dtype=torch.uint8, device="cuda")
     b = torch.empty_like(a)
@@ -187,6 +212,49 @@ def sm90(k, ops, rows: list) -> None:
             _sm90_env_clear()
             del xs, hs
         del wg, wu, w, wcat
+        torch.cuda.empty_cache()
+
+
+# Whole-MLP forward launches compared by mlpfwd (FUSED_GEGLU_SM90_* env overrides the policy).
+MLPFWD_LAUNCHES = (("128x128pp", "1", ""), ("128x128pp", "4", ""), ("128x128pp", "4", "n"),
+                   ("128x192pp", "1", ""), ("128x192pp", "4", ""), ("128x128pp", "8", ""))
+
+
+def mlpfwd(k, ops, rows: list, rounds: int = 4) -> None:
+    """Inference forward of the whole MLP (bf16, tanh) at M = 1024 and 8192: this project's
+    cuBLAS + pointwise path, the CUTLASS gate+up path at each candidate launch, compile, eager.
+    Timed in interleaved rounds: the decision between paths within a few percent needs it."""
+    dt = torch.bfloat16
+    for name, (h, i) in SHAPES.items():
+        mod = EagerMLP(h, i).to("cuda", dt)
+        comp = torch.compile(mod, dynamic=False)
+        wg, wu, wd = mod.gate_proj.weight, mod.up_proj.weight, mod.down_proj.weight
+        for m in (1024, 8192):
+            sets = n_sets(m * h * 2 * 2 + 3 * m * i * 2)
+            xs = [torch.randn(m, h, device="cuda", dtype=dt) for _ in range(sets)]
+
+            def cublas(j):
+                x = xs[j]
+                return F.linear(k.geglu(F.linear(x, wg), F.linear(x, wu), approximate="tanh", backend="cuda"), wd)
+
+            cases = {"eager": lambda j: mod(xs[j]), "compile": lambda j: comp(xs[j]), "cublas+pointwise": cublas}
+            for tile, swz, raster in MLPFWD_LAUNCHES:
+                def sm90_path(j, tile=tile, swz=swz, raster=raster):
+                    _sm90_env(tile, swz, raster)
+                    out = k.geglu_mlp(xs[j], wg, wu, wd, approximate="tanh", backend="cuda")
+                    _sm90_env_clear()
+                    return out
+                cases[f"sm90 {tile}/s{swz}{raster}"] = sm90_path
+            with torch.no_grad():
+                ref = mod(xs[0]).float()
+                for impl, fn in cases.items():
+                    err = float((fn(0).float() - ref).norm() / ref.norm())
+                    rows.append({"section": "mlpfwd", "shape": name, "M": m, "impl": f"check {impl}", "rel_err": err})
+                times = time_rounds(cases, sets, rounds, 12 if m == 8192 else 40)
+            for impl, t in times.items():
+                rows.append({"section": "mlpfwd", "shape": name, "M": m, "impl": impl, "us": t, "rounds": rounds})
+            del xs
+        del mod, comp
         torch.cuda.empty_cache()
 
 

@@ -50,7 +50,7 @@ constexpr TileCfg kAllTiles[] = {TileCfg::k128x128, TileCfg::k128x256, TileCfg::
                                  TileCfg::k256x128, TileCfg::k128x192pp};
 
 // $FUSED_GEGLU_SM90_SWIZZLE (1/2/4/8) and $FUSED_GEGLU_SM90_RASTER (m/n) override the tile
-// scheduler's order, for measuring them; read per call.
+// scheduler's order the caller asked for, for measuring them side by side; read per call.
 void scheduler_overrides(GateUpArgs &a) {
   if (const char *e = std::getenv("FUSED_GEGLU_SM90_SWIZZLE")) {
     const int v = std::atoi(e);
@@ -65,7 +65,7 @@ void scheduler_overrides(GateUpArgs &a) {
   }
 }
 
-TileCfg pick_tile(int64_t M, int64_t N2, int sm_count) {
+TileCfg pick_tile(int64_t M, int64_t N2, int sm_count, int64_t asked) {
   // $FUSED_GEGLU_SM90_TILE forces a tile (for measuring them side by side); read per call.
   if (const char *e = std::getenv("FUSED_GEGLU_SM90_TILE")) {
     for (TileCfg c : kAllTiles) {
@@ -74,7 +74,14 @@ TileCfg pick_tile(int64_t M, int64_t N2, int sm_count) {
     TORCH_CHECK(false, "FUSED_GEGLU_SM90_TILE must be one of 128x128, 128x256, 128x128pp, 256x128, "
                 "128x192pp, got '", e, "'");
   }
-  // The wide tile halves B traffic per output but needs enough tiles to fill the machine.
+  if (asked >= 0) {
+    TORCH_CHECK(asked < int64_t(sizeof(kAllTiles) / sizeof(kAllTiles[0])),
+                "geglu_gateup_sm90: tile must be -1 or a tile index below ",
+                sizeof(kAllTiles) / sizeof(kAllTiles[0]), ", got ", asked);
+    return kAllTiles[asked];
+  }
+  // Without a measured choice: the wide tile halves B traffic per output but needs enough tiles
+  // to fill the machine.
   const int64_t big_tiles = ((M + 127) / 128) * ((N2 + 255) / 256);
   return big_tiles >= sm_count ? TileCfg::k128x256 : TileCfg::k128x128;
 }
@@ -107,12 +114,17 @@ const char *dispatch(GateUpArgs &a, TileCfg cfg, at::Tensor &ws_holder, const at
 
 void geglu_gateup_sm90(at::Tensor &h_out, at::Tensor const &x, at::Tensor const &w_gateup,
                        std::optional<at::Tensor> const &b_gateup, int64_t approximate,
-                       std::optional<at::Tensor> const &preact_out) {
+                       std::optional<at::Tensor> const &preact_out, int64_t tile, int64_t swizzle,
+                       int64_t raster) {
   const auto dtype = x.scalar_type();
   TORCH_CHECK(dtype == at::kBFloat16 || dtype == at::kHalf,
               "geglu_gateup_sm90: x must be bfloat16 or float16, got ", dtype);
   TORCH_CHECK(approximate == 0 || approximate == 1,
               "geglu_gateup_sm90: approximate must be 0 (erf) or 1 (tanh), got ", approximate);
+  TORCH_CHECK(swizzle == 1 || swizzle == 2 || swizzle == 4 || swizzle == 8,
+              "geglu_gateup_sm90: swizzle must be 1, 2, 4 or 8, got ", swizzle);
+  TORCH_CHECK(raster >= 0 && raster <= 2,
+              "geglu_gateup_sm90: raster must be 0 (heuristic), 1 (along M) or 2 (along N), got ", raster);
   check_operand(x, "x", dtype, 8, 16);
   check_operand(w_gateup, "w_gateup", dtype, 8, 16);
   check_operand(h_out, "h_out", dtype, 2, 4);
@@ -178,9 +190,11 @@ void geglu_gateup_sm90(at::Tensor &h_out, at::Tensor const &x, at::Tensor const 
   a.sm_count = prop->multiProcessorCount;
   a.stream = at::cuda::getCurrentCUDAStream();
   a.workspace = nullptr;
+  a.swizzle = int(swizzle);
+  a.raster = int(raster);
   scheduler_overrides(a);
 
-  const TileCfg cfg = pick_tile(M, N2, a.sm_count);
+  const TileCfg cfg = pick_tile(M, N2, a.sm_count, tile);
   at::Tensor ws_holder;
   const char *err = dtype == at::kBFloat16 ? dispatch<cutlass::bfloat16_t>(a, cfg, ws_holder, x.device())
                                            : dispatch<cutlass::half_t>(a, cfg, ws_holder, x.device());

@@ -29,7 +29,7 @@ from . import sm90_weights
 from ._ops import ops
 from ._opdef import _tracing, custom_op
 from ._views import rows
-from .policy import mlp_backend_for, sm90_mlp_wins
+from .policy import mlp_backend_for, sm90_mlp_launch
 
 
 def _pick(device: torch.device, backend: str, m: int, h: int, i: int) -> str:
@@ -78,9 +78,12 @@ def _forward(x, w_gate, w_up, w_down, b_gate, b_up, b_down, approximate: str, sa
         y = torch.empty((m, h), dtype=x.dtype, device=device)
         tk_linear.linear_fwd(y, hid, w_down, b_down, "none", None)
     elif backend == "cuda" and not save_preact and _dispatch.compiled_has("geglu_gateup_sm90", "cuda") \
-            and sm90_weights.usable(x2, w_gate) and (not auto or sm90_mlp_wins(m, h, device)):
-        # Inference on Hopper: CUTLASS gate+up GEMM with the GeGLU epilogue, then cuBLAS down.
-        hid = sm90_weights.gateup_sm90(ops, x2, w_gate, w_up, b_gate, b_up, approximate)
+            and sm90_weights.usable(x2, w_gate) \
+            and ((launch := sm90_mlp_launch(m, h, device)) is not None or not auto):
+        # Inference on Hopper: CUTLASS gate+up GEMM with the GeGLU epilogue (the tile and tile order
+        # the policy measured best at this size, or the op's own heuristic where a forced backend
+        # runs it outside the policy's sizes), then cuBLAS down.
+        hid = sm90_weights.gateup_sm90(ops, x2, w_gate, w_up, b_gate, b_up, approximate, launch)
         y = F.linear(hid, w_down, b_down)
         backend = "cuda:sm90"
     else:

@@ -70,6 +70,8 @@ def mlp_backend_for(m: int, h: int, i: int, device: torch.device | None = None) 
     return backend_for("geglu_mlp", device, "triton", m=m, h=h, capturing=capturing)
 
 
-def sm90_mlp_wins(m: int, h: int, device: torch.device) -> bool:
-    """Whether the CUTLASS gate+up GEMM (inference) beat cuBLAS at this size on this GPU."""
-    return backend_for("geglu_mlp_sm90", device, "no", m=m, h=h) == "yes"
+def sm90_mlp_launch(m: int, h: int, device: torch.device) -> str | None:
+    """The CUTLASS gate+up GEMM's launch (``"<tile>/s<swizzle>[m|n]"``, e.g. ``"128x128pp/s1"``)
+    where it beat cuBLAS + the pointwise kernel (inference) at this size on this GPU, else None."""
+    choice = backend_for("geglu_mlp_sm90", device, "no", m=m, h=h)
+    return None if choice == "no" else choice

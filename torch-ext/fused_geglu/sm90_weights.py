@@ -55,9 +55,26 @@ def usable(x2: torch.Tensor, w_gate: torch.Tensor) -> bool:
             and device_capability(x2.device) == (9, 0))
 
 
-def gateup_sm90(ops, x2, w_gate, w_up, b_gate, b_up, approximate: str) -> torch.Tensor:
+# The op's tile indices (TileCfg in kernel_src/gemm_sm90/geglu_gateup_sm90.h, same order).
+TILES = ("128x128", "128x256", "128x128pp", "256x128", "128x192pp")
+_RASTER = {"": 0, "m": 1, "n": 2}
+
+
+def parse_launch(spec: str | None) -> tuple[int, int, int]:
+    """``"<tile>/s<swizzle>[m|n]"`` (a policy value) -> the op's (tile, swizzle, raster) arguments;
+    None -> the op's own size heuristic."""
+    if spec is None:
+        return -1, 1, 0
+    tile, _, order = spec.partition("/")
+    swizzle, raster = order[1:].rstrip("mn"), order[1:].lstrip("0123456789")
+    if tile not in TILES or not order.startswith("s") or swizzle not in ("1", "2", "4", "8") or raster not in _RASTER:
+        raise ValueError(f"sm90 launch {spec!r}: expected '<tile>/s<1|2|4|8>[m|n]' with a tile in {TILES}")
+    return TILES.index(tile), int(swizzle), _RASTER[raster]
+
+
+def gateup_sm90(ops, x2, w_gate, w_up, b_gate, b_up, approximate: str, launch: str | None = None) -> torch.Tensor:
     m, i = x2.shape[0], w_gate.shape[0]
     h_out = torch.empty((m, i), dtype=x2.dtype, device=x2.device)
     ops.geglu_gateup_sm90(h_out, x2, gateup_weight(w_gate, w_up), _interleave_bias(b_gate, b_up),
-                          0 if approximate == "none" else 1, None)
+                          0 if approximate == "none" else 1, None, *parse_launch(launch))
     return h_out
