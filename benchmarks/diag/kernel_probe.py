@@ -220,7 +220,7 @@ MLPFWD_LAUNCHES = (("128x128pp", "1", ""), ("128x128pp", "4", ""), ("128x128pp",
                    ("128x192pp", "1", ""), ("128x192pp", "4", ""), ("128x128pp", "8", ""))
 
 
-def mlpfwd(k, ops, rows: list, rounds: int = 4) -> None:
+def mlpfwd(k, ops, rows: list, rounds: int = 3) -> None:
     """Inference forward of the whole MLP (bf16, tanh) at M = 1024 and 8192: this project's
     cuBLAS + pointwise path, the CUTLASS gate+up path at each candidate launch, compile, eager.
     Timed in interleaved rounds: the decision between paths within a few percent needs it."""
