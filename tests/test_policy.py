@@ -76,12 +76,17 @@ def test_policy_file_is_plain_json(policy):
     ("geglu_mlp", dict(m=16, h=2048, capturing=0), "cuda"),
     ("geglu_mlp", dict(m=8192, h=3584, capturing=0), "cuda"),
     ("geglu_mlp", dict(m=1024, h=2048, capturing=1), "cuda"),
-    # CUTLASS gate+up: non-graph decode and M >= 1024 up to H = 2048
+    # CUTLASS gate+up: non-graph decode at every width; M >= 1024 for H in [1152, 2048], with the
+    # tile order measured per size
     ("geglu_mlp_sm90", dict(m=16, h=2048), "128x128/s1"),
-    ("geglu_mlp_sm90", dict(m=16, h=3584), "no"),
-    ("geglu_mlp_sm90", dict(m=1024, h=1152), "128x128pp/s1"),
-    ("geglu_mlp_sm90", dict(m=8192, h=2048), "128x128pp/s1"),
+    ("geglu_mlp_sm90", dict(m=16, h=3584), "128x128/s1"),
+    ("geglu_mlp_sm90", dict(m=64, h=2048), "no"),
+    ("geglu_mlp_sm90", dict(m=1024, h=1152), "128x128pp/s4"),
+    ("geglu_mlp_sm90", dict(m=1024, h=2048), "128x128pp/s4"),
+    ("geglu_mlp_sm90", dict(m=8192, h=2048), "128x128pp/s8"),
+    ("geglu_mlp_sm90", dict(m=8192, h=1152), "128x128pp/s1"),
     ("geglu_mlp_sm90", dict(m=8192, h=3584), "no"),
+    ("geglu_mlp_sm90", dict(m=8192, h=768), "no"),
     ("linear", dict(m=8192), "torch"),
     ("linear_gelu_tanh", dict(m=16), "cuda"),
     ("linear_gelu", dict(m=16), "torch"),

@@ -4,12 +4,14 @@ benchmark: that is benchmarks/compare.py, side by side with eager / compile / Li
 Loads the kernel the way users do (kernels.get_kernel from the staged cache), then times with CUDA
 events, medians over many calls, inputs rotated over enough sets to exceed the L2:
   pointwise  geglu fwd / bwd / bwd_inplace, CUDA vs Triton vs torch.compile, as % of copy bandwidth
-  sm90       the CUTLASS gate+up GEMM per tile config vs one cuBLAS GEMM over [w_gate; w_up]
+  sm90       the CUTLASS gate+up GEMM per tile x scheduler order vs one cuBLAS GEMM over [w_gate; w_up]
+  mlpfwd     whole-MLP inference forward: cuBLAS + pointwise vs the CUTLASS path at candidate launches,
+             compile, eager, in interleaved rounds (what policy_sm90.json's geglu_mlp_sm90 rules cite)
   mlp        geglu_mlp forward and training step, ours (cuda, triton) vs eager and compile, with
              peak memory above the inputs
   overhead   where the Python time of a decode-sized geglu_mlp call goes (cProfile)
 
-  python3 benchmarks/diag/kernel_probe.py --out DIR [--sections pointwise,sm90,mlp,overhead]
+  python3 benchmarks/diag/kernel_probe.py --out DIR [--sections pointwise,sm90,mlpfwd,mlp,overhead]
 """
 
 from __future__ import annotations
