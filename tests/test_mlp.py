@@ -213,3 +213,41 @@ def test_sm90_knobs_reject_bad_values(kernel, device, monkeypatch):
             mp.setenv(var, bad)
             with pytest.raises(RuntimeError, match=var), torch.no_grad():
                 kernel.geglu_mlp(x, *params, backend="cuda")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+@pytest.mark.parametrize("approximate", ["tanh", "none"])
+@pytest.mark.parametrize("launch", ["s1", "s8", "s2n"])
+@pytest.mark.parametrize("recompute", [False, True], ids=["save", "recompute"])
+def test_geglu_mlp_sm90_dh_backward(kernel, device, monkeypatch, dtype, approximate, launch, recompute):
+    """The backward's dh GEMM with the GeGLU-backward epilogue (kernel_src/gemm_sm90/geglu_dh_sm90.h),
+    forced at each tile order: every gradient against float64, M and I not multiples of the tile."""
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("the CUTLASS dh GEMM is sm_90 only")
+    monkeypatch.setenv("FUSED_GEGLU_SM90_DH", launch)
+    m, h, i = 333, 264, 392
+    x = randn(m, h, dtype=dtype, device=device, requires_grad=True)
+    params = _params(h, i, dtype, device, biases=True)
+    y = kernel.geglu_mlp(x, *params, approximate=approximate, recompute=recompute, backend="cuda")
+    grad = randn(*y.shape, dtype=dtype, device=device)
+    leaves = [x, *params]
+    ours = torch.autograd.grad(y, leaves, grad)
+    assert kernel.last_backend("geglu_mlp_backward") == "cuda:sm90"
+    l64 = [t.detach().double().requires_grad_() for t in leaves]
+    refs = torch.autograd.grad(kernel.reference.geglu_mlp_ref(l64[0], *l64[1:], approximate=approximate), l64,
+                               grad.double())
+    eagers = torch.autograd.grad(_eager(x, *params, approximate), leaves, grad)
+    names = ["dx", "dW_gate", "dW_up", "dW_down", "db_gate", "db_up", "db_down"]
+    for name, o, r, e in zip(names, ours, refs, eagers):
+        assert_close(o, r, e, f"geglu_mlp sm90 dh {launch} {name}")
+
+
+@pytest.mark.gpu
+def test_geglu_mlp_sm90_dh_off_is_the_pointwise_path(kernel, device, monkeypatch):
+    """$FUSED_GEGLU_SM90_DH=0 turns the fused dh off: cuBLAS dh + the in-place pointwise kernel."""
+    monkeypatch.setenv("FUSED_GEGLU_SM90_DH", "0")
+    x = randn(40, 64, dtype=torch.bfloat16, device=device, requires_grad=True)
+    params = _params(64, 96, torch.bfloat16, device, biases=False)[:3]
+    kernel.geglu_mlp(x, *params, backend="cuda").sum().backward()
+    assert kernel.last_backend("geglu_mlp_backward") == "cuda"

@@ -23,8 +23,17 @@ class _Launches:
         return f"'no' or {_SM90_LAUNCH.pattern}"
 
 
+class _DhLaunches:
+    def __contains__(self, value) -> bool:
+        return value == "no" or (isinstance(value, str) and re.fullmatch(r"s[1248][mn]?", value) is not None)
+
+    def __repr__(self) -> str:
+        return "'no' or s<1|2|4|8>[m|n]"
+
+
 # op -> (the sizes its caller passes to policy.backend_for, the backends a rule may name)
 _OPS = {
+    "geglu_mlp_dh_sm90": ({"m", "h"}, _DhLaunches()),
     "geglu_mlp": ({"m", "h", "capturing"}, {"triton", "cuda", "torch"}),
     "geglu_mlp_sm90": ({"m", "h"}, _Launches()),
     "linear": ({"m"}, {"torch", "triton", "cuda"}),
@@ -121,3 +130,21 @@ def test_sm90_launches_parse(kernel, sm90_rules):
     for bad in ("64x64/s1", "128x128/s3", "128x128", "128x128/s1x", "128x128/s8mn"):
         with pytest.raises(ValueError, match="sm90 launch"):
             sm90.parse_launch(bad)
+
+
+def test_sm90_dh_launch(kernel, monkeypatch):
+    """The dh kernel's launch: the policy's choice, swizzle 1 when a forced backend runs it outside
+    the policy's sizes, and $FUSED_GEGLU_SM90_DH over both (``0`` = off)."""
+    sm90 = importlib.import_module(kernel.__name__ + ".sm90_weights")
+    monkeypatch.delenv("FUSED_GEGLU_SM90_DH", raising=False)
+    assert sm90.dh_launch("s8", forced=False) == (8, 0)
+    assert sm90.dh_launch("s2n", forced=False) == (2, 2)
+    assert sm90.dh_launch(None, forced=True) == (1, 0)
+    assert sm90.dh_launch(None, forced=False) is None
+    monkeypatch.setenv("FUSED_GEGLU_SM90_DH", "0")
+    assert sm90.dh_launch("s8", forced=True) is None
+    monkeypatch.setenv("FUSED_GEGLU_SM90_DH", "s4m")
+    assert sm90.dh_launch(None, forced=False) == (4, 1)
+    monkeypatch.setenv("FUSED_GEGLU_SM90_DH", "s3")
+    with pytest.raises(ValueError, match="FUSED_GEGLU_SM90_DH"):
+        sm90.dh_launch(None, forced=False)

@@ -35,6 +35,10 @@ TORCH_LIBRARY_EXPAND(TORCH_EXTENSION_NAME, ops) {
       "geglu_gateup_sm90(Tensor(a!) h_out, Tensor x, Tensor w_gateup, Tensor? b_gateup, "
       "int approximate, Tensor(b!)? preact_out, int tile=-1, int swizzle=1, int raster=0) -> ()");
   ops.impl("geglu_gateup_sm90", c10::kCUDA, &geglu_gateup_sm90);
+  ops.def(
+      "geglu_dh_sm90(Tensor(a!) gate, Tensor(b!) up, Tensor(c!) h_out, Tensor dy, Tensor w_down, "
+      "int approximate, int swizzle=1, int raster=0) -> ()");
+  ops.impl("geglu_dh_sm90", c10::kCUDA, &geglu_dh_sm90);
 #endif
 }
 

@@ -46,4 +46,8 @@ void geglu_gateup_sm90(at::Tensor &h_out, at::Tensor const &x, at::Tensor const 
                        std::optional<at::Tensor> const &b_gateup, int64_t approximate,
                        std::optional<at::Tensor> const &preact_out, int64_t tile, int64_t swizzle,
                        int64_t raster);
+// sm90a CUTLASS GEMM dh = dy @ w_down with the GeGLU-backward epilogue (kernel_src/gemm_sm90/
+// geglu_dh_sm90.h): gate <- dgate, up <- dup in place, h_out = gelu(gate) * up.
+void geglu_dh_sm90(at::Tensor &gate, at::Tensor &up, at::Tensor &h_out, at::Tensor const &dy,
+                   at::Tensor const &w_down, int64_t approximate, int64_t swizzle, int64_t raster);
 #endif

@@ -5,6 +5,7 @@ Loads the kernel the way users do (kernels.get_kernel from the staged cache), th
 events, medians over many calls, inputs rotated over enough sets to exceed the L2:
   pointwise  geglu fwd / bwd / bwd_inplace, CUDA vs Triton vs torch.compile, as % of copy bandwidth
   sm90       the CUTLASS gate+up GEMM per tile x scheduler order vs one cuBLAS GEMM over [w_gate; w_up]
+  mlptrain   training step with the backward's dh as cuBLAS + pointwise or the sm90 dGeGLU GEMM
   mlpfwd     whole-MLP inference forward: cuBLAS + pointwise vs the CUTLASS path at candidate launches,
              compile, eager, in interleaved rounds (what policy_sm90.json's geglu_mlp_sm90 rules cite)
   mlp        geglu_mlp forward and training step, ours (cuda, triton) vs eager and compile, with
@@ -256,6 +257,65 @@ def mlpfwd(k, ops, rows: list, rounds: int = 3) -> None:
             for impl, t in times.items():
                 rows.append({"section": "mlpfwd", "shape": name, "M": m, "impl": impl, "us": t, "rounds": rounds})
             del xs
+        del mod, comp
+        torch.cuda.empty_cache()
+
+
+DH_LAUNCHES = ("0", "s1", "s4", "s8")  # $FUSED_GEGLU_SM90_DH: 0 = cuBLAS dh + pointwise
+
+
+def mlptrain(k, ops, rows: list, rounds: int = 3) -> None:
+    """Training step (forward + backward, bf16, tanh) of the whole MLP at M = 1024 and 8192: ours
+    with the backward's dh GEMM as cuBLAS + the in-place pointwise kernel ("dh 0") or as the sm90
+    GEMM with the GeGLU-backward epilogue at each tile order, against compile and eager, in
+    interleaved rounds. Also checks every gradient of each dh variant against eager's."""
+    dt = torch.bfloat16
+    for name, (h, i) in SHAPES.items():
+        mod = EagerMLP(h, i).to("cuda", dt)
+        comp = torch.compile(mod, dynamic=False)
+        wts = (mod.gate_proj.weight, mod.up_proj.weight, mod.down_proj.weight)
+        for m in (1024, 8192):
+            sets = n_sets(m * h * 2 * 2 + 5 * m * i * 2)
+            xs = [torch.randn(m, h, device="cuda", dtype=dt) for _ in range(sets)]
+            dys = [torch.randn(m, h, device="cuda", dtype=dt) for _ in range(sets)]
+
+            def step(j, f):
+                x = xs[j].detach().requires_grad_()
+                f(x).backward(dys[j])
+                for p in mod.parameters():
+                    p.grad = None
+
+            def ours(x):
+                return k.geglu_mlp(x, *wts, approximate="tanh")
+
+            cases = {"eager": lambda j: step(j, mod), "compile": lambda j: step(j, comp)}
+            for launch in DH_LAUNCHES:
+                def run(j, launch=launch):
+                    os.environ["FUSED_GEGLU_SM90_DH"] = launch
+                    step(j, ours)
+                    os.environ.pop("FUSED_GEGLU_SM90_DH", None)
+                cases[f"ours dh {launch}"] = run
+            x = xs[0].detach().requires_grad_()
+            mod(x).backward(dys[0])
+            ref = [x.grad.float()] + [p.grad.float() for p in mod.parameters()]
+            for launch in DH_LAUNCHES:
+                for p in mod.parameters():
+                    p.grad = None
+                x = xs[0].detach().requires_grad_()
+                os.environ["FUSED_GEGLU_SM90_DH"] = launch
+                ours(x).backward(dys[0])
+                os.environ.pop("FUSED_GEGLU_SM90_DH", None)
+                got = [x.grad.float()] + [p.grad.float() for p in mod.parameters()]
+                errs = [float((g - r).norm() / r.norm()) for g, r in zip(got, ref)]
+                rows.append({"section": "mlptrain", "shape": name, "M": m, "impl": f"check ours dh {launch}",
+                             "rel_err": max(errs), "rel_err_vs_eager": errs,
+                             "backward": k.last_backend("geglu_mlp_backward")})
+            for p in mod.parameters():
+                p.grad = None
+            times = time_rounds(cases, sets, rounds, 6 if m == 8192 else 20)
+            for impl, t in times.items():
+                rows.append({"section": "mlptrain", "shape": name, "M": m, "impl": impl, "us": t, "rounds": rounds})
+            del xs, dys
         del mod, comp
         torch.cuda.empty_cache()
 

@@ -2,45 +2,12 @@
 // geglu_gateup_sm90.h). Included only by the per-dtype instantiation TUs, which are the slow ones.
 #pragma once
 
-#include <cuda_bf16.h>
-#include <cuda_fp16.h>
-
-#include "cute/tensor.hpp"
-#include "cutlass/cutlass.h"
-#include "cutlass/epilogue/collective/detail.hpp"
-#include "cutlass/gemm/collective/collective_builder.hpp"
-#include "cutlass/gemm/device/gemm_universal_adapter.h"
-#include "cutlass/gemm/dispatch_policy.hpp"
-#include "cutlass/gemm/kernel/gemm_universal.hpp"
 #include "geglu_gateup_sm90.h"
+#include "sm90_common.cuh"
 
 namespace fused_geglu_sm90 {
 
 namespace detail {
-
-template <class T> struct Vec2;
-template <> struct Vec2<cutlass::bfloat16_t> {
-  using type = __nv_bfloat162;
-  static __device__ __forceinline__ type pack(float a, float b) { return __floats2bfloat162_rn(a, b); }
-  static __device__ __forceinline__ float2 unpack(type v) { return __bfloat1622float2(v); }
-};
-template <> struct Vec2<cutlass::half_t> {
-  using type = __half2;
-  static __device__ __forceinline__ type pack(float a, float b) { return __floats2half2_rn(a, b); }
-  static __device__ __forceinline__ float2 unpack(type v) { return __half22float2(v); }
-};
-
-// fp32 GELU on the accumulators, stored as bf16/fp16: the SFU exp and divide (a few ulp of fp32)
-// are far below the output rounding and keep the epilogue short, which matters because the
-// consumer warps run it between mainloops.
-__device__ __forceinline__ float gelu_erf(float v) {
-  return v * fmaf(0.5f, erff(v * 0.70710678118654752440f), 0.5f);
-}
-__device__ __forceinline__ float gelu_tanh(float v) {
-  // 0.5 (1 + tanh(u)) = sigmoid(2u), u = sqrt(2/pi) (v + 0.044715 v^3); the clamp keeps 1 + e finite.
-  const float two_u = v * fmaf(0.0713548162726008322f, v * v, 1.59576912160573071f);
-  return __fdividef(v, 1.0f + __expf(fminf(-two_u, 88.0f)));
-}
 
 // Epilogue collective (the "no-smem" kind: it reads the accumulators from registers and stores to
 // global memory directly); Sm90TmaWarpSpecializedAdapter turns it into a warp-specialised epilogue
@@ -57,9 +24,6 @@ class GegluEpilogue {
   using V2 = Vec2<Element>;
   using V2T = typename V2::type;
 
-  struct SharedStorage {};
-  using TensorStorage = SharedStorage;
-
   struct Arguments {
     Element *h = nullptr;
     int64_t ldh = 0;
@@ -68,29 +32,13 @@ class GegluEpilogue {
     Element const *bias = nullptr;  // may be null
     int approximate = 0;
   };
-  using Params = Arguments;
+  FUSED_GEGLU_SM90_NO_SMEM_EPILOGUE(GegluEpilogue)
 
-  template <class ProblemShape>
-  static constexpr Params to_underlying_arguments(ProblemShape const &, Arguments const &args, void *) {
-    return args;
-  }
-  template <class ProblemShape>
-  static size_t get_workspace_size(ProblemShape const &, Arguments const &) { return 0; }
-  template <class ProblemShape>
-  static cutlass::Status initialize_workspace(ProblemShape const &, Arguments const &, void *,
-                                              cudaStream_t, cutlass::CudaHostAdapter * = nullptr) {
-    return cutlass::Status::kSuccess;
-  }
   template <class ProblemShape>
   static bool can_implement(ProblemShape const &problem_shape, Arguments const &args) {
     auto N = cute::get<1>(problem_shape);
     return args.h != nullptr && N % 16 == 0 && args.ldh % 2 == 0 && args.ldp % 2 == 0;
   }
-
-  CUTLASS_HOST_DEVICE GegluEpilogue(Params const &params_, SharedStorage const & = SharedStorage())
-      : params(params_) {}
-
-  CUTLASS_DEVICE bool is_source_needed() { return false; }
 
   template <class ProblemShapeMNKL, class BlockShapeMNK, class BlockCoordMNKL, class FrgEngine,
             class FrgLayout, class TiledMma, class ResidueMNK>
@@ -104,15 +52,10 @@ class GegluEpilogue {
     constexpr int BN = size<1>(BlockShapeMNK{});
     static_assert(BN % 16 == 0, "the gate/up pairing needs tile N % 16 == 0");
 
-    // The pairing relies on the wgmma accumulator layout: value mode (2, 2, N/8) with strides
-    // (n+1, m+8, n+8) (CLayout_64xN in cute/atom/mma_traits_sm90_gmma.hpp, col-major 64 x N
-    // index, so n+1 = 64, m+8 = 8, n+8 = 512).
+    // The pairing relies on the wgmma accumulator layout (accumulator_layout_is_wgmma): gate
+    // columns n, n+1 of chunk k and up columns n+8, n+9 of chunk k+1 sit in one thread.
+    static_assert(accumulator_layout_is_wgmma<TiledMma>());
     using CLayout = typename TiledMma::Atom::CLayout;
-    static_assert(rank<1>(CLayout{}) == 3, "unexpected accumulator value layout");
-    static_assert(size<1, 0>(CLayout{}) == 2 && size<1, 1>(CLayout{}) == 2, "unexpected layout");
-    static_assert(stride<1, 0>(CLayout{}) == 64 && stride<1, 1>(CLayout{}) == 8 &&
-                      stride<1, 2>(CLayout{}) == 512,
-                  "unexpected accumulator value strides: gate/up pairing would be wrong");
     static_assert(size<1, 2>(CLayout{}) % 2 == 0, "atom N must hold whole 16-column groups");
     static_assert(rank<0>(typename cute::remove_cvref_t<decltype(accumulators)>::layout_type{}) == 3,
                   "accumulator mode 0 must be (2, 2, N/8)");
@@ -184,10 +127,6 @@ class GegluEpilogue {
 // The kernel for one (dtype, tile) configuration.
 template <class Element, TileCfg Cfg>
 struct GateUpKernel {
-  using ElementAcc = float;
-  using LayoutA = cutlass::layout::RowMajor;     // x [M, K], K-major
-  using LayoutB = cutlass::layout::ColumnMajor;  // w [N, K] row-major == (K x N) column-major
-  static constexpr int kAlign = 16 / sizeof(Element);
   // Tile, cluster and schedule of each TileCfg (geglu_gateup_sm90.h lists them).
   using TileShape = cute::conditional_t<
       Cfg == TileCfg::k128x256, cute::Shape<cute::_128, cute::_256, cute::_64>,
@@ -204,17 +143,10 @@ struct GateUpKernel {
   using Schedule = cute::conditional_t<kPingpong, cutlass::gemm::KernelTmaWarpSpecializedPingpong,
                                        cutlass::gemm::KernelTmaWarpSpecializedCooperative>;
   using Epi = GegluEpilogue<Element>;
-  using CollectiveEpilogue = cutlass::epilogue::collective::detail::Sm90TmaWarpSpecializedAdapter<Epi>;
-  using CollectiveMainloop = typename cutlass::gemm::collective::CollectiveBuilder<
-      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, Element, LayoutA, kAlign, Element,
-      LayoutB, kAlign, ElementAcc, TileShape, ClusterShape,
-      cutlass::gemm::collective::StageCountAutoCarveout<
-          static_cast<int>(sizeof(typename CollectiveEpilogue::SharedStorage) +
-                           sizeof(typename CollectiveEpilogue::PipelineStorage))>,
-      Schedule>::CollectiveOp;
-  using Kernel = cutlass::gemm::kernel::GemmUniversal<cute::Shape<int, int, int, int>,
-                                                      CollectiveMainloop, CollectiveEpilogue>;
-  using Gemm = cutlass::gemm::device::GemmUniversalAdapter<Kernel>;
+  // w [N, K] row-major == (K x N) column-major
+  using G = Sm90Gemm<Element, cutlass::layout::ColumnMajor, TileShape, ClusterShape, Schedule, Epi>;
+  using Gemm = typename G::Gemm;
+  using Kernel = typename G::Kernel;
 
   static typename Gemm::Arguments make_args(GateUpArgs const &a) {
     using StrideA = typename Kernel::StrideA;
@@ -239,24 +171,12 @@ struct GateUpKernel {
         {static_cast<Element const *>(a.x), sa, static_cast<Element const *>(a.w), sb},
         epi,
         hw};
-    using Raster = cutlass::gemm::kernel::detail::RasterOrderOptions;
-    args.scheduler.max_swizzle_size = a.swizzle;
-    args.scheduler.raster_order = a.raster == 1   ? Raster::AlongM
-                                  : a.raster == 2 ? Raster::AlongN
-                                                  : Raster::Heuristic;
+    G::set_order(args, a.swizzle, a.raster);
     return args;
   }
 
   static size_t workspace_bytes(GateUpArgs const &a) { return Gemm::get_workspace_size(make_args(a)); }
-
-  static const char *launch(GateUpArgs const &a) {
-    auto args = make_args(a);
-    Gemm gemm;
-    if (gemm.can_implement(args) != cutlass::Status::kSuccess) return "can_implement rejected the problem";
-    if (gemm.initialize(args, a.workspace, a.stream) != cutlass::Status::kSuccess) return "initialize failed";
-    if (gemm.run(a.stream) != cutlass::Status::kSuccess) return "kernel launch failed";
-    return nullptr;
-  }
+  static const char *launch(GateUpArgs const &a) { return G::launch(make_args(a), a.workspace, a.stream); }
 };
 
 }  // namespace detail

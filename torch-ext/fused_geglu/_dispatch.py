@@ -110,5 +110,6 @@ def record(op: str, backend: str) -> None:
 
 
 def last_backend(op: str) -> str | None:
-    """The backend that ran ``op`` ("geglu", "gelu_and_mul", "linear", "geglu_mlp") most recently."""
+    """The backend that ran ``op`` ("geglu", "gelu_and_mul", "linear", "geglu_mlp",
+    "geglu_mlp_backward") most recently."""
     return _last.get(op)

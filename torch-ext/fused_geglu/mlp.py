@@ -29,7 +29,7 @@ from . import sm90_weights
 from ._ops import ops
 from ._opdef import _tracing, custom_op
 from ._views import rows
-from .policy import mlp_backend_for, sm90_mlp_launch
+from .policy import mlp_backend_for, sm90_dh_launch, sm90_mlp_launch
 
 
 def _pick(device: torch.device, backend: str, m: int, h: int, i: int) -> str:
@@ -147,14 +147,26 @@ def _mlp_backward(grad_y, x, w_gate, w_up, w_down, b_gate, b_up, gate, up, appro
             tk_mlp.gateup_fwd(hid, x2, w_gate, w_up, b_gate, b_up, approximate, gate, up)
         # dh stays on chip; its epilogue turns gate/up into dgate/dup in place and re-emits h.
         tk_mlp.dh_bwd(gate, up, None if recompute else hid, dy, w_down, gate, up, approximate)
+        _dispatch.record("geglu_mlp_backward", "triton")
     else:
         if recompute:
             gate, up = F.linear(x2, w_gate, b_gate), F.linear(x2, w_up, b_up)
-        hid = dy @ w_down  # dh, turned into h by the in-place pointwise below
-        # As in the forward: under the auto policy the pointwise is whichever measured faster.
-        pointwise = _geglu._pick(dev, "auto", "bwd_inplace", m * i, True) if requested == "auto" and backend == "cuda" \
-            else backend
-        _geglu._bwd_inplace(gate, up, hid, approximate, pointwise)
+        launch = None
+        if backend == "cuda" and _dispatch.compiled_has("geglu_dh_sm90", "cuda") \
+                and sm90_weights.dh_usable(dy, w_down, gate, up):
+            launch = sm90_weights.dh_launch(sm90_dh_launch(m, h, dev), forced=requested != "auto")
+        if launch is not None:
+            # Hopper: dh = dy @ w_down stays in registers; the GEMM's epilogue turns gate/up into
+            # dgate/dup in place and writes h (kernel_src/gemm_sm90/geglu_dh_sm90.h).
+            hid = torch.empty((m, i), dtype=dt, device=dev)
+            ops.geglu_dh_sm90(gate, up, hid, dy, w_down, 0 if approximate == "none" else 1, *launch)
+        else:
+            hid = dy @ w_down  # dh, turned into h by the in-place pointwise below
+            # As in the forward: under the auto policy the pointwise is whichever measured faster.
+            pointwise = _geglu._pick(dev, "auto", "bwd_inplace", m * i, True) \
+                if requested == "auto" and backend == "cuda" else backend
+            _geglu._bwd_inplace(gate, up, hid, approximate, pointwise)
+        _dispatch.record("geglu_mlp_backward", "cuda:sm90" if launch is not None else backend)
     d_w_down = dy.t() @ hid
     del hid
     dgate, dup = gate, up

@@ -75,3 +75,10 @@ def sm90_mlp_launch(m: int, h: int, device: torch.device) -> str | None:
     where it beat cuBLAS + the pointwise kernel (inference) at this size on this GPU, else None."""
     choice = backend_for("geglu_mlp_sm90", device, "no", m=m, h=h)
     return None if choice == "no" else choice
+
+
+def sm90_dh_launch(m: int, h: int, device: torch.device) -> str | None:
+    """The dh GEMM with the GeGLU-backward epilogue's tile order (``"s<swizzle>[m|n]"``) where it
+    beat cuBLAS dh + the in-place pointwise kernel at this size, else None."""
+    choice = backend_for("geglu_mlp_dh_sm90", device, "no", m=m, h=h)
+    return None if choice == "no" else choice

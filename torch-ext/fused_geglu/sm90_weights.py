@@ -1,4 +1,6 @@
-"""The interleaved gate/up weight the sm90 CUTLASS kernel reads, cached outside the module.
+"""Host-side glue of the sm90 CUTLASS GEMMs (``kernel_src/gemm_sm90``): the interleaved gate/up
+weight the gate+up kernel reads (cached outside the module), launch specs from the policy, and
+when the dh kernel (backward) can take a call.
 
 The kernel's epilogue pairs gate and up values held by one thread, which needs the two weights
 row-interleaved in blocks of 8 (``kernel_src/gemm_sm90/geglu_gateup_sm90.h`` has the layout). The
@@ -9,6 +11,7 @@ in-place update of a weight is picked up and a freed weight's entry is dropped.
 
 from __future__ import annotations
 
+import os
 import weakref
 
 import torch
@@ -68,7 +71,8 @@ def parse_launch(spec: str | None) -> tuple[int, int, int]:
     tile, _, order = spec.partition("/")
     swizzle, raster = order[1:].rstrip("mn"), order[1:].lstrip("0123456789")
     if tile not in TILES or not order.startswith("s") or swizzle not in ("1", "2", "4", "8") or raster not in _RASTER:
-        raise ValueError(f"sm90 launch {spec!r}: expected '<tile>/s<1|2|4|8>[m|n]' with a tile in {TILES}")
+        raise ValueError(f"sm90 launch {spec!r}: expected '<tile>/s<1|2|4|8>[m|n]' with a tile in {TILES} "
+                         "(the dh kernel's launches and $FUSED_GEGLU_SM90_DH: 's<1|2|4|8>[m|n]' or '0')")
     return TILES.index(tile), int(swizzle), _RASTER[raster]
 
 
@@ -78,3 +82,29 @@ def gateup_sm90(ops, x2, w_gate, w_up, b_gate, b_up, approximate: str, launch: s
     ops.geglu_gateup_sm90(h_out, x2, gateup_weight(w_gate, w_up), _interleave_bias(b_gate, b_up),
                           0 if approximate == "none" else 1, None, *parse_launch(launch))
     return h_out
+
+
+def dh_usable(dy: torch.Tensor, w_down: torch.Tensor, gate: torch.Tensor, up: torch.Tensor) -> bool:
+    """Whether ``geglu_dh_sm90`` accepts these operands (its host op checks the same and raises)."""
+    i = w_down.shape[1]
+    return (dy.dtype in (torch.bfloat16, torch.float16) and i % 8 == 0 and dy.shape[1] % 8 == 0
+            and dy.stride(1) == 1 and dy.stride(0) % 8 == 0 and dy.data_ptr() % 16 == 0
+            and w_down.stride(1) == 1 and w_down.stride(0) % 8 == 0 and w_down.data_ptr() % 16 == 0
+            and gate.is_contiguous() and up.is_contiguous()
+            and device_capability(dy.device) == (9, 0))
+
+
+def dh_launch(policy_choice: str | None, forced: bool) -> tuple[int, int] | None:
+    """(swizzle, raster) for ``geglu_dh_sm90``, or None for cuBLAS + the pointwise kernel.
+
+    ``policy_choice`` is the policy's ``"s<swizzle>[m|n]"`` or None ("no"); a forced ``cuda``
+    backend runs the fused kernel with swizzle 1 where the policy has no launch.
+    ``$FUSED_GEGLU_SM90_DH`` overrides both for measuring: ``0`` (off) or a launch like ``s8``.
+    """
+    override = os.environ.get("FUSED_GEGLU_SM90_DH")
+    if override is not None:
+        policy_choice, forced = (None, False) if override == "0" else (override, True)
+    if policy_choice is None:
+        return (1, 0) if forced else None
+    _, swizzle, raster = parse_launch(f"{TILES[0]}/{policy_choice}")
+    return swizzle, raster

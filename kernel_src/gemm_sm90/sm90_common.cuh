@@ -1,0 +1,133 @@
+// What the two sm90 GEMMs (geglu_gateup_sm90: GeGLU epilogue; geglu_dh_sm90: dGeGLU epilogue) share:
+// bf16/fp16 pair packing, the fp32 GELU math their epilogues run on the accumulators, and the
+// assembly of a CUTLASS 3.x warp-specialised kernel around a register ("no-smem") epilogue.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include "cute/tensor.hpp"
+#include "cutlass/cutlass.h"
+#include "cutlass/epilogue/collective/detail.hpp"
+#include "cutlass/gemm/collective/collective_builder.hpp"
+#include "cutlass/gemm/device/gemm_universal_adapter.h"
+#include "cutlass/gemm/dispatch_policy.hpp"
+#include "cutlass/gemm/kernel/gemm_universal.hpp"
+
+namespace fused_geglu_sm90::detail {
+
+template <class T> struct Vec2;
+template <> struct Vec2<cutlass::bfloat16_t> {
+  using type = __nv_bfloat162;
+  static __device__ __forceinline__ type pack(float a, float b) { return __floats2bfloat162_rn(a, b); }
+  static __device__ __forceinline__ float2 unpack(type v) { return __bfloat1622float2(v); }
+};
+template <> struct Vec2<cutlass::half_t> {
+  using type = __half2;
+  static __device__ __forceinline__ type pack(float a, float b) { return __floats2half2_rn(a, b); }
+  static __device__ __forceinline__ float2 unpack(type v) { return __half22float2(v); }
+};
+
+// fp32 GELU on the accumulators, stored as bf16/fp16: the SFU exp and divide (a few ulp of fp32)
+// are far below the output rounding and keep the epilogue short, which matters because the
+// consumer warps run it between mainloops.
+constexpr float kInvSqrt2 = 0.70710678118654752440f;
+constexpr float kInvSqrt2Pi = 0.398942280401432678f;  // 1 / sqrt(2 pi)
+constexpr float kTanhK0 = 1.59576912160573071f;       // 2 sqrt(2 / pi)
+constexpr float kTanhK1 = 0.0713548162726008322f;     // 2 sqrt(2 / pi) * 0.044715
+
+__device__ __forceinline__ float gelu_erf(float v) { return v * fmaf(0.5f, erff(v * kInvSqrt2), 0.5f); }
+__device__ __forceinline__ float gelu_tanh(float v) {
+  // 0.5 (1 + tanh(u)) = sigmoid(2u), 2u = 2 sqrt(2/pi) (v + 0.044715 v^3); the clamp keeps 1 + e finite.
+  const float two_u = v * fmaf(kTanhK1, v * v, kTanhK0);
+  return __fdividef(v, 1.0f + __expf(fminf(-two_u, 88.0f)));
+}
+
+// gelu(v), and gelu'(v) into *d.
+__device__ __forceinline__ float gelu_tanh_grad(float v, float *d) {
+  const float v2 = v * v;
+  const float two_u = v * fmaf(kTanhK1, v2, kTanhK0);
+  const float e = __expf(fminf(-two_u, 88.0f));
+  const float s = __fdividef(1.0f, 1.0f + e);
+  // s + v s (1 - s) (2u)', with 1 - s formed as e s (no cancellation); e s is finite (clamp).
+  *d = fmaf(v * s, (e * s) * fmaf(3.0f * kTanhK1, v2, kTanhK0), s);
+  return v * s;
+}
+__device__ __forceinline__ float gelu_erf_grad(float v, float *d) {
+  const float cdf = fmaf(0.5f, erff(v * kInvSqrt2), 0.5f);
+  *d = fmaf(v, kInvSqrt2Pi * __expf(-0.5f * v * v), cdf);  // Phi(v) + v phi(v)
+  return v * cdf;
+}
+
+// A persistent warp-specialised CUTLASS 3.x GEMM (TMA + wgmma) whose epilogue is Epi, a register
+// epilogue collective that Sm90TmaWarpSpecializedAdapter makes acceptable to the kernel schedules.
+// A is [M, K] K-major (row-major); LayoutB says how B is stored (ColumnMajor: [N, K] row-major,
+// RowMajor: [K, N] row-major).
+template <class Element, class LayoutB, class TileShape, class ClusterShape, class Schedule, class Epi>
+struct Sm90Gemm {
+  static constexpr int kAlign = 16 / sizeof(Element);
+  using CollectiveEpilogue = cutlass::epilogue::collective::detail::Sm90TmaWarpSpecializedAdapter<Epi>;
+  using CollectiveMainloop = typename cutlass::gemm::collective::CollectiveBuilder<
+      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, Element, cutlass::layout::RowMajor, kAlign,
+      Element, LayoutB, kAlign, float, TileShape, ClusterShape,
+      cutlass::gemm::collective::StageCountAutoCarveout<
+          static_cast<int>(sizeof(typename CollectiveEpilogue::SharedStorage) +
+                           sizeof(typename CollectiveEpilogue::PipelineStorage))>,
+      Schedule>::CollectiveOp;
+  using Kernel = cutlass::gemm::kernel::GemmUniversal<cute::Shape<int, int, int, int>,
+                                                      CollectiveMainloop, CollectiveEpilogue>;
+  using Gemm = cutlass::gemm::device::GemmUniversalAdapter<Kernel>;
+
+  // swizzle 1/2/4/8; raster 0 heuristic, 1 along M, 2 along N.
+  static void set_order(typename Gemm::Arguments &args, int swizzle, int raster) {
+    using Raster = cutlass::gemm::kernel::detail::RasterOrderOptions;
+    args.scheduler.max_swizzle_size = swizzle;
+    args.scheduler.raster_order = raster == 1 ? Raster::AlongM : raster == 2 ? Raster::AlongN : Raster::Heuristic;
+  }
+
+  static const char *launch(typename Gemm::Arguments const &args, void *workspace, cudaStream_t stream) {
+    Gemm gemm;
+    if (gemm.can_implement(args) != cutlass::Status::kSuccess) return "can_implement rejected the problem";
+    if (gemm.initialize(args, workspace, stream) != cutlass::Status::kSuccess) return "initialize failed";
+    if (gemm.run(stream) != cutlass::Status::kSuccess) return "kernel launch failed";
+    return nullptr;
+  }
+};
+
+// The register-epilogue boilerplate CUTLASS's adapter asks of a collective: no smem, no workspace.
+#define FUSED_GEGLU_SM90_NO_SMEM_EPILOGUE(CLASS)                                                   \
+  struct SharedStorage {};                                                                         \
+  using TensorStorage = SharedStorage;                                                             \
+  using Params = Arguments;                                                                        \
+  template <class ProblemShape>                                                                    \
+  static constexpr Params to_underlying_arguments(ProblemShape const &, Arguments const &args,     \
+                                                  void *) {                                        \
+    return args;                                                                                   \
+  }                                                                                                \
+  template <class ProblemShape>                                                                    \
+  static size_t get_workspace_size(ProblemShape const &, Arguments const &) { return 0; }         \
+  template <class ProblemShape>                                                                    \
+  static cutlass::Status initialize_workspace(ProblemShape const &, Arguments const &, void *,     \
+                                              cudaStream_t, cutlass::CudaHostAdapter * = nullptr) { \
+    return cutlass::Status::kSuccess;                                                              \
+  }                                                                                                \
+  CUTLASS_HOST_DEVICE CLASS(Params const &params_, SharedStorage const & = SharedStorage())        \
+      : params(params_) {}                                                                         \
+  CUTLASS_DEVICE bool is_source_needed() { return false; }
+
+// The wgmma accumulator layout both epilogues rely on: value mode (2, 2, N/8) with strides
+// (n+1, m+8, n+8) (CLayout_64xN in cute/atom/mma_traits_sm90_gmma.hpp: col-major 64 x N index,
+// so n+1 = 64, m+8 = 8, n+8 = 512): value (0, r, k) and (1, r, k) are adjacent columns of one row.
+template <class TiledMma>
+constexpr bool accumulator_layout_is_wgmma() {
+  using namespace cute;
+  using CLayout = typename TiledMma::Atom::CLayout;
+  static_assert(rank<1>(CLayout{}) == 3, "unexpected accumulator value layout");
+  static_assert(size<1, 0>(CLayout{}) == 2 && size<1, 1>(CLayout{}) == 2, "unexpected layout");
+  static_assert(stride<1, 0>(CLayout{}) == 64 && stride<1, 1>(CLayout{}) == 8 &&
+                    stride<1, 2>(CLayout{}) == 512,
+                "unexpected accumulator value strides: the column pairing would be wrong");
+  return true;
+}
+
+}  // namespace fused_geglu_sm90::detail
