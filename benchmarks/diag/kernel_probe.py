@@ -408,7 +408,10 @@ def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--out", required=True)
     p.add_argument("--sections", default="pointwise,sm90,mlp,overhead")
+    p.add_argument("--shapes", default=",".join(SHAPES), help="comma list of " + ",".join(SHAPES))
     args = p.parse_args()
+    for name in set(SHAPES) - set(args.shapes.split(",")):
+        del SHAPES[name]
     torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction = True
     k, ops = load()
     rows: list = []

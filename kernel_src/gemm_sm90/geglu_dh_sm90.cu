@@ -4,6 +4,7 @@
 #include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAGuard.h>
 
+#include <initializer_list>
 #include <optional>
 
 #include "geglu_dh_sm90.h"
@@ -51,7 +52,7 @@ void geglu_dh_sm90(at::Tensor &gate, at::Tensor &up, at::Tensor &h_out, at::Tens
   check_2d(gate, "gate", dtype, M, I, 2, 4);
   check_2d(up, "up", dtype, M, I, 2, 4);
   check_2d(h_out, "h_out", dtype, M, I, 2, 4);
-  for (const at::Tensor *t : {&w_down, &gate, &up, &h_out}) {
+  for (const at::Tensor *t : std::initializer_list<const at::Tensor *>{&w_down, &gate, &up, &h_out}) {
     TORCH_CHECK(t->device() == dy.device(), "geglu_dh_sm90: tensors on different devices");
   }
   if (M == 0 || I == 0) return;
