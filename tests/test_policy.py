@@ -96,6 +96,9 @@ def test_policy_file_is_plain_json(policy):
     ("geglu_mlp_sm90", dict(m=8192, h=1152), "128x128pp/s1"),
     ("geglu_mlp_sm90", dict(m=8192, h=3584), "no"),
     ("geglu_mlp_sm90", dict(m=8192, h=768), "no"),
+    # the sm90 dh GEMM with the GeGLU-backward epilogue measured slower: off everywhere
+    ("geglu_mlp_dh_sm90", dict(m=8192, h=2048), "no"),
+    ("geglu_mlp_dh_sm90", dict(m=1024, h=2048), "no"),
     ("linear", dict(m=8192), "torch"),
     ("linear_gelu_tanh", dict(m=16), "cuda"),
     ("linear_gelu", dict(m=16), "torch"),
@@ -133,18 +136,16 @@ def test_sm90_launches_parse(kernel, sm90_rules):
 
 
 def test_sm90_dh_launch(kernel, monkeypatch):
-    """The dh kernel's launch: the policy's choice, swizzle 1 when a forced backend runs it outside
-    the policy's sizes, and $FUSED_GEGLU_SM90_DH over both (``0`` = off)."""
+    """The dh kernel's launch: the policy's choice, and $FUSED_GEGLU_SM90_DH over it (``0`` = off)."""
     sm90 = importlib.import_module(kernel.__name__ + ".sm90_weights")
     monkeypatch.delenv("FUSED_GEGLU_SM90_DH", raising=False)
-    assert sm90.dh_launch("s8", forced=False) == (8, 0)
-    assert sm90.dh_launch("s2n", forced=False) == (2, 2)
-    assert sm90.dh_launch(None, forced=True) == (1, 0)
-    assert sm90.dh_launch(None, forced=False) is None
+    assert sm90.dh_launch("s8") == (8, 0)
+    assert sm90.dh_launch("s2n") == (2, 2)
+    assert sm90.dh_launch(None) is None
     monkeypatch.setenv("FUSED_GEGLU_SM90_DH", "0")
-    assert sm90.dh_launch("s8", forced=True) is None
+    assert sm90.dh_launch("s8") is None
     monkeypatch.setenv("FUSED_GEGLU_SM90_DH", "s4m")
-    assert sm90.dh_launch(None, forced=False) == (4, 1)
+    assert sm90.dh_launch(None) == (4, 1)
     monkeypatch.setenv("FUSED_GEGLU_SM90_DH", "s3")
     with pytest.raises(ValueError, match="FUSED_GEGLU_SM90_DH"):
-        sm90.dh_launch(None, forced=False)
+        sm90.dh_launch(None)

@@ -154,7 +154,7 @@ def _mlp_backward(grad_y, x, w_gate, w_up, w_down, b_gate, b_up, gate, up, appro
         launch = None
         if backend == "cuda" and _dispatch.compiled_has("geglu_dh_sm90", "cuda") \
                 and sm90_weights.dh_usable(dy, w_down, gate, up):
-            launch = sm90_weights.dh_launch(sm90_dh_launch(m, h, dev), forced=requested != "auto")
+            launch = sm90_weights.dh_launch(sm90_dh_launch(m, h, dev))
         if launch is not None:
             # Hopper: dh = dy @ w_down stays in registers; the GEMM's epilogue turns gate/up into
             # dgate/dup in place and writes h (kernel_src/gemm_sm90/geglu_dh_sm90.h).

@@ -94,17 +94,18 @@ def dh_usable(dy: torch.Tensor, w_down: torch.Tensor, gate: torch.Tensor, up: to
             and device_capability(dy.device) == (9, 0))
 
 
-def dh_launch(policy_choice: str | None, forced: bool) -> tuple[int, int] | None:
-    """(swizzle, raster) for ``geglu_dh_sm90``, or None for cuBLAS + the pointwise kernel.
+def dh_launch(policy_choice: str | None) -> tuple[int, int] | None:
+    """(swizzle, raster) for ``geglu_dh_sm90``, or None for cuBLAS dh + the pointwise kernel.
 
-    ``policy_choice`` is the policy's ``"s<swizzle>[m|n]"`` or None ("no"); a forced ``cuda``
-    backend runs the fused kernel with swizzle 1 where the policy has no launch.
-    ``$FUSED_GEGLU_SM90_DH`` overrides both for measuring: ``0`` (off) or a launch like ``s8``.
+    ``policy_choice`` is the policy's ``"s<swizzle>[m|n]"`` or None ("no"). The kernel measured
+    slower than cuBLAS + pointwise (``policy_sm90.json``), so no rule names it and a forced ``cuda``
+    backend does not run it either: ``$FUSED_GEGLU_SM90_DH`` opts in for measuring and testing
+    (a launch such as ``s8``; ``0`` = off).
     """
     override = os.environ.get("FUSED_GEGLU_SM90_DH")
     if override is not None:
-        policy_choice, forced = (None, False) if override == "0" else (override, True)
+        policy_choice = None if override == "0" else override
     if policy_choice is None:
-        return (1, 0) if forced else None
+        return None
     _, swizzle, raster = parse_launch(f"{TILES[0]}/{policy_choice}")
     return swizzle, raster
