@@ -152,17 +152,7 @@ struct DhKernel {
     epi.h = static_cast<Element *>(a.h);
     epi.ldh = a.ldh;
     epi.approximate = a.approximate;
-    cutlass::KernelHardwareInfo hw;
-    hw.device_id = a.device;
-    hw.sm_count = a.sm_count;
-    typename Gemm::Arguments args{
-        cutlass::gemm::GemmUniversalMode::kGemm,
-        {int(a.M), int(a.N), int(a.K), 1},
-        {static_cast<Element const *>(a.dy), sa, static_cast<Element const *>(a.w), sb},
-        epi,
-        hw};
-    G::set_order(args, a.swizzle, a.raster);
-    return args;
+    return G::arguments(a.M, a.N, a.K, a.dy, sa, a.w, sb, epi, a.device, a.sm_count, a.swizzle, a.raster);
   }
 };
 

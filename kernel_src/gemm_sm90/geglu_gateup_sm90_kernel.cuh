@@ -162,17 +162,7 @@ struct GateUpKernel {
     epi.ldp = a.ldp;
     epi.bias = static_cast<Element const *>(a.bias);
     epi.approximate = a.approximate;
-    cutlass::KernelHardwareInfo hw;
-    hw.device_id = a.device;
-    hw.sm_count = a.sm_count;
-    typename Gemm::Arguments args{
-        cutlass::gemm::GemmUniversalMode::kGemm,
-        {int(a.M), int(a.N2), int(a.K), 1},
-        {static_cast<Element const *>(a.x), sa, static_cast<Element const *>(a.w), sb},
-        epi,
-        hw};
-    G::set_order(args, a.swizzle, a.raster);
-    return args;
+    return G::arguments(a.M, a.N2, a.K, a.x, sa, a.w, sb, epi, a.device, a.sm_count, a.swizzle, a.raster);
   }
 
   static size_t workspace_bytes(GateUpArgs const &a) { return Gemm::get_workspace_size(make_args(a)); }

@@ -78,11 +78,26 @@ struct Sm90Gemm {
                                                       CollectiveMainloop, CollectiveEpilogue>;
   using Gemm = cutlass::gemm::device::GemmUniversalAdapter<Kernel>;
 
-  // swizzle 1/2/4/8; raster 0 heuristic, 1 along M, 2 along N.
-  static void set_order(typename Gemm::Arguments &args, int swizzle, int raster) {
+  // The launch arguments of C[M, N] = A[M, K] B with the epilogue's own arguments; the tile
+  // scheduler order is swizzle 1/2/4/8 and raster 0 heuristic, 1 along M, 2 along N.
+  template <class EpiArgs>
+  static typename Gemm::Arguments arguments(int64_t M, int64_t N, int64_t K, void const *a,
+                                            typename Kernel::StrideA sa, void const *b,
+                                            typename Kernel::StrideB sb, EpiArgs const &epi,
+                                            int device, int sm_count, int swizzle, int raster) {
+    cutlass::KernelHardwareInfo hw;
+    hw.device_id = device;
+    hw.sm_count = sm_count;
+    typename Gemm::Arguments args{
+        cutlass::gemm::GemmUniversalMode::kGemm,
+        {int(M), int(N), int(K), 1},
+        {static_cast<Element const *>(a), sa, static_cast<Element const *>(b), sb},
+        epi,
+        hw};
     using Raster = cutlass::gemm::kernel::detail::RasterOrderOptions;
     args.scheduler.max_swizzle_size = swizzle;
     args.scheduler.raster_order = raster == 1 ? Raster::AlongM : raster == 2 ? Raster::AlongN : Raster::Heuristic;
+    return args;
   }
 
   static const char *launch(typename Gemm::Arguments const &args, void *workspace, cudaStream_t stream) {
