@@ -151,10 +151,11 @@ def _mlp_backward(grad_y, x, w_gate, w_up, w_down, b_gate, b_up, gate, up, appro
     else:
         if recompute:
             gate, up = F.linear(x2, w_gate, b_gate), F.linear(x2, w_up, b_up)
-        launch = None
-        if backend == "cuda" and _dispatch.compiled_has("geglu_dh_sm90", "cuda") \
-                and sm90_weights.dh_usable(dy, w_down, gate, up):
-            launch = sm90_weights.dh_launch(sm90_dh_launch(m, h, dev))
+        # The policy (cached) first: the operand checks run only where it names a launch.
+        launch = sm90_weights.dh_launch(sm90_dh_launch(m, h, dev)) if backend == "cuda" else None
+        if launch is not None and not (_dispatch.compiled_has("geglu_dh_sm90", "cuda")
+                                       and sm90_weights.dh_usable(dy, w_down, gate, up)):
+            launch = None
         if launch is not None:
             # Hopper: dh = dy @ w_down stays in registers; the GEMM's epilogue turns gate/up into
             # dgate/dup in place and writes h (kernel_src/gemm_sm90/geglu_dh_sm90.h).

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import weakref
+from functools import lru_cache
 
 import torch
 
@@ -63,6 +64,7 @@ TILES = ("128x128", "128x256", "128x128pp", "256x128", "128x192pp")
 _RASTER = {"": 0, "m": 1, "n": 2}
 
 
+@lru_cache(maxsize=64)  # a handful of policy strings, parsed on every call otherwise
 def parse_launch(spec: str | None) -> tuple[int, int, int]:
     """``"<tile>/s<swizzle>[m|n]"`` (a policy value) -> the op's (tile, swizzle, raster) arguments;
     None -> the op's own size heuristic."""
