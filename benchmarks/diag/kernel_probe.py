@@ -172,7 +172,8 @@ def _sm90_env_clear() -> None:
 
 def sm90(k, ops, rows: list) -> None:
     """Every tile x scheduler order of the CUTLASS gate+up GEMM against cuBLAS over [w_gate; w_up]
-    (the same FLOPs, no GeGLU) and compile's 2 GEMMs + GeGLU; each tile's h checked once."""
+    (the same FLOPs, no GeGLU) and compile's 2 GEMMs + GeGLU; each tile's h checked once. The
+    "no-epilogue" rows time the mainloop alone ($FUSED_GEGLU_SM90_DIAG_NO_EPILOGUE)."""
     dt = torch.bfloat16
     for name, (h, i) in SHAPES.items():
         wg = torch.randn(i, h, device="cuda", dtype=dt) / h ** 0.5
@@ -195,6 +196,16 @@ def sm90(k, ops, rows: list) -> None:
                         _sm90_env(tile, swz, raster)
                         ops.geglu_gateup_sm90(hs[j], xs[j], w, None, 1, None)
                     cases[f"sm90 {tile} s{swz}{raster}"] = run
+                if m >= 1024:  # the mainloop alone: the epilogue returns at once (h unwritten)
+                    for swz in ("1", "8"):
+                        def mainloop(j, tile=tile, swz=swz):
+                            _sm90_env(tile, swz, "")
+                            os.environ["FUSED_GEGLU_SM90_DIAG_NO_EPILOGUE"] = "1"
+                            try:
+                                ops.geglu_gateup_sm90(hs[j], xs[j], w, None, 1, None)
+                            finally:
+                                os.environ.pop("FUSED_GEGLU_SM90_DIAG_NO_EPILOGUE")
+                        cases[f"sm90 {tile} s{swz} no-epilogue"] = mainloop
             for impl, fn in cases.items():
                 try:
                     t = time_us(fn, sets, reps=40 if m == 8192 else 100)
@@ -220,7 +231,8 @@ def sm90(k, ops, rows: list) -> None:
 
 # Whole-MLP forward launches compared by mlpfwd (FUSED_GEGLU_SM90_* env overrides the policy).
 MLPFWD_LAUNCHES = (("128x128pp", "1", ""), ("128x128pp", "4", ""), ("128x128pp", "4", "n"),
-                   ("128x192pp", "1", ""), ("128x192pp", "4", ""), ("128x128pp", "8", ""))
+                   ("128x192pp", "1", ""), ("128x192pp", "4", ""), ("128x128pp", "8", ""),
+                   ("128x256", "4", ""), ("128x256", "8", ""), ("256x128", "8", ""))
 
 
 def mlpfwd(k, ops, rows: list, rounds: int = 3) -> None:

@@ -64,6 +64,12 @@ void scheduler_overrides(GateUpArgs &a) {
                 "FUSED_GEGLU_SM90_RASTER must be m or n, got '", e, "'");
     a.raster = e[0] == 'm' ? 1 : 2;
   }
+  // $FUSED_GEGLU_SM90_DIAG_NO_EPILOGUE=1: time the mainloop alone (h is NOT written; never for use).
+  if (const char *e = std::getenv("FUSED_GEGLU_SM90_DIAG_NO_EPILOGUE")) {
+    TORCH_CHECK(std::strcmp(e, "0") == 0 || std::strcmp(e, "1") == 0,
+                "FUSED_GEGLU_SM90_DIAG_NO_EPILOGUE must be 0 or 1, got '", e, "'");
+    a.skip_epilogue = e[0] == '1';
+  }
 }
 
 TileCfg pick_tile(int64_t M, int64_t N2, int sm_count, int64_t asked) {
@@ -128,7 +134,7 @@ void geglu_gateup_sm90(at::Tensor &h_out, at::Tensor const &x, at::Tensor const 
               "geglu_gateup_sm90: raster must be 0 (heuristic), 1 (along M) or 2 (along N), got ", raster);
   check_operand(x, "x", dtype, 8, 16);
   check_operand(w_gateup, "w_gateup", dtype, 8, 16);
-  check_operand(h_out, "h_out", dtype, 2, 4);
+  check_operand(h_out, "h_out", dtype, 8, 16);  // 16-byte row vectors
   const int64_t M = x.size(0), H = x.size(1), N2 = w_gateup.size(0), I = N2 / 2;
   TORCH_CHECK(w_gateup.size(1) == H, "geglu_gateup_sm90: w_gateup must be [2I, H=", H, "], got ",
               w_gateup.sizes());
@@ -151,7 +157,7 @@ void geglu_gateup_sm90(at::Tensor &h_out, at::Tensor const &x, at::Tensor const 
                 "geglu_gateup_sm90: b_gateup data pointer must be 4-byte aligned");
   }
   if (has_pre) {
-    check_operand(*preact_out, "preact_out", dtype, 2, 4);
+    check_operand(*preact_out, "preact_out", dtype, 8, 16);
     TORCH_CHECK(preact_out->size(0) == M && preact_out->size(1) == N2,
                 "geglu_gateup_sm90: preact_out must be [", M, ", ", N2, "], got ",
                 preact_out->sizes());

@@ -1,7 +1,8 @@
 // Hopper (sm_90a) gate+up GEMM with a GeGLU epilogue: one CUTLASS 3.x kernel, TMA + wgmma
 // warp-specialised cooperative mainloop (collective builder), and a custom register epilogue that
 // pairs each gate accumulator with its up accumulator held by the same thread and writes the
-// half-width h = gelu(gate) * up with a single store (plus, optionally, the pre-activations).
+// half-width h = gelu(gate) * up (plus, optionally, the pre-activations) through a shared-memory
+// staging tile as 16-byte row vectors.
 //
 // ---------------------------------------------------------------------------------------------
 // w_gateup layout (what the caller must pass; G = 8, I % 8 == 0):
@@ -51,6 +52,9 @@ struct GateUpArgs {
   // w panels inside L2 when x is bigger than L2) and raster order (0 heuristic, 1 along M, 2 along N).
   int swizzle = 1;
   int raster = 0;
+  // Timing only ($FUSED_GEGLU_SM90_DIAG_NO_EPILOGUE=1): the epilogue returns at once and h is left
+  // unwritten, so the mainloop's time can be told apart from the epilogue's.
+  int skip_epilogue = 0;
 };
 
 // Tile configurations (few on purpose: each is a separate heavy instantiation).

@@ -9,10 +9,13 @@ namespace fused_geglu_sm90 {
 
 namespace detail {
 
-// Epilogue collective (the "no-smem" kind: it reads the accumulators from registers and stores to
-// global memory directly); Sm90TmaWarpSpecializedAdapter turns it into a warp-specialised epilogue
-// that the cooperative kernel accepts.
-template <class Element_>
+// Epilogue collective: GeGLU on the accumulators in registers, then every output tile (h, and the
+// pre-activations when asked) staged through shared memory so that global stores are whole 16-byte
+// vectors along rows. Storing straight from the wgmma fragment would write 4 bytes per thread
+// scattered over 8 rows per warp instruction (8 L1 wavefronts each), which the cooperative tiles
+// pay in full because their epilogue does not overlap a mainloop. Sm90TmaWarpSpecializedAdapter
+// turns the collective into a warp-specialised epilogue the kernel schedules accept.
+template <class Element_, class TileShape_, int kThreads_>
 class GegluEpilogue {
  public:
   using Element = Element_;
@@ -24,6 +27,20 @@ class GegluEpilogue {
   using V2 = Vec2<Element>;
   using V2T = typename V2::type;
 
+  static constexpr int kBM = cute::size<0>(TileShape_{});
+  static constexpr int kBN = cute::size<1>(TileShape_{});
+  static constexpr int kHalf = kBN / 2;  // h columns of a tile; also one pass of pre-activations
+  // +8 elements (16 bytes) per staged row: a warp's fragment store covers 8 rows x 4 threads, and
+  // with the row pitch = 4 banks (mod 32) those land in 32 distinct banks; 16-byte reads stay aligned.
+  static constexpr int kLd = kHalf + 8;
+  static constexpr int kThreads = kThreads_;  // the consumer threads that run this epilogue together
+  static_assert(kHalf % 16 == 0, "the staged tile must hold whole 16-column pairs");
+  static_assert((kLd * int(sizeof(Element)) / 4) % 8 == 4, "staged row pitch must be an odd multiple of 4 banks");
+
+  struct SharedStorage {
+    cute::array_aligned<Element, kBM * kLd, 128> tile;
+  };
+
   struct Arguments {
     Element *h = nullptr;
     int64_t ldh = 0;
@@ -31,26 +48,28 @@ class GegluEpilogue {
     int64_t ldp = 0;
     Element const *bias = nullptr;  // may be null
     int approximate = 0;
+    int skip = 0;  // timing only: leave the outputs unwritten ($FUSED_GEGLU_SM90_DIAG_NO_EPILOGUE)
   };
-  FUSED_GEGLU_SM90_NO_SMEM_EPILOGUE(GegluEpilogue)
+  FUSED_GEGLU_SM90_EPILOGUE_BOILERPLATE(GegluEpilogue)
 
   template <class ProblemShape>
   static bool can_implement(ProblemShape const &problem_shape, Arguments const &args) {
     auto N = cute::get<1>(problem_shape);
-    return args.h != nullptr && N % 16 == 0 && args.ldh % 2 == 0 && args.ldp % 2 == 0;
+    // 16-byte row vectors: h and preact rows start 16-byte aligned (the host op checks the pointers).
+    return args.h != nullptr && N % 16 == 0 && args.ldh % 8 == 0 && args.ldp % 8 == 0;
   }
 
   template <class ProblemShapeMNKL, class BlockShapeMNK, class BlockCoordMNKL, class FrgEngine,
             class FrgLayout, class TiledMma, class ResidueMNK>
-  CUTLASS_DEVICE void operator()(ProblemShapeMNKL problem_shape_mnkl, BlockShapeMNK blk_shape_MNK,
+  CUTLASS_DEVICE void operator()(ProblemShapeMNKL problem_shape_mnkl, BlockShapeMNK,
                                  BlockCoordMNKL blk_coord_mnkl,
                                  cute::Tensor<FrgEngine, FrgLayout> const &accumulators,
-                                 TiledMma tiled_mma, ResidueMNK, int thread_idx, char *) {
+                                 TiledMma tiled_mma, ResidueMNK, int thread_idx, char *smem) {
     using namespace cute;
     static_assert(is_static<BlockShapeMNK>::value, "tile shape must be static");
-    constexpr int BM = size<0>(BlockShapeMNK{});
-    constexpr int BN = size<1>(BlockShapeMNK{});
-    static_assert(BN % 16 == 0, "the gate/up pairing needs tile N % 16 == 0");
+    static_assert(size<0>(BlockShapeMNK{}) == kBM && size<1>(BlockShapeMNK{}) == kBN,
+                  "the kernel's tile is not the one the staging buffer was sized for");
+    static_assert(size(TiledMma{}) == kThreads, "kThreads must be the tiled MMA's thread count");
 
     // The pairing relies on the wgmma accumulator layout (accumulator_layout_is_wgmma): gate
     // columns n, n+1 of chunk k and up columns n+8, n+9 of chunk k+1 sit in one thread.
@@ -59,14 +78,15 @@ class GegluEpilogue {
     static_assert(size<1, 2>(CLayout{}) % 2 == 0, "atom N must hold whole 16-column groups");
     static_assert(rank<0>(typename cute::remove_cvref_t<decltype(accumulators)>::layout_type{}) == 3,
                   "accumulator mode 0 must be (2, 2, N/8)");
+    if (params.skip) return;
 
     const int M = int(get<0>(problem_shape_mnkl));
     const int N = int(get<1>(problem_shape_mnkl));
-    const int m0 = int(get<0>(blk_coord_mnkl)) * BM;
-    const int n0 = int(get<1>(blk_coord_mnkl)) * BN;
+    const int m0 = int(get<0>(blk_coord_mnkl)) * kBM;
+    const int n0 = int(get<1>(blk_coord_mnkl)) * kBN;
 
     auto thr_mma = tiled_mma.get_slice(thread_idx);
-    Tensor cD = make_identity_tensor(make_shape(Int<BM>{}, Int<BN>{}));
+    Tensor cD = make_identity_tensor(make_shape(Int<kBM>{}, Int<kBN>{}));
     Tensor tCcD = thr_mma.partition_C(cD);  // ((2,2,N/8), MMA_M, MMA_N) -> (m, n) in the tile
     static_assert(decltype(size(tCcD))::value == decltype(size(accumulators))::value,
                   "coordinate / accumulator partition mismatch");
@@ -75,52 +95,75 @@ class GegluEpilogue {
     constexpr int kMmaM = size<1>(decltype(accumulators.layout()){});
     constexpr int kMmaN = size<2>(decltype(accumulators.layout()){});
     const bool tanh_gelu = params.approximate != 0;
-    Element *__restrict__ h = params.h;
-    Element *__restrict__ preact = params.preact;
     Element const *__restrict__ bias = params.bias;
+    Element *__restrict__ stage = reinterpret_cast<SharedStorage *>(smem)->tile.data();
+    const int rows = min(kBM, M - m0);
 
-    CUTLASS_PRAGMA_UNROLL
-    for (int mi = 0; mi < kMmaM; ++mi) {
+    // One pass: every thread writes its fragment values for tile columns [c0, c0 + kHalf) into the
+    // staging tile (value(m, n, g0, g1, u0, u1) -> the pair to store at staged (m, col)), then the
+    // tile goes out as 16-byte row vectors; cols = valid columns of the destination window.
+    auto pass = [&](int c0, bool h_pass, Element *dst, int64_t ld, int cols) {
+      cutlass::arch::NamedBarrier::arrive_and_wait(kThreads, kBarrier);  // the last pass's reads are done
       CUTLASS_PRAGMA_UNROLL
-      for (int ni = 0; ni < kMmaN; ++ni) {
+      for (int mi = 0; mi < kMmaM; ++mi) {
         CUTLASS_PRAGMA_UNROLL
-        for (int k = 0; k < kChunks; k += 2) {
-          // Gate columns (n, n+1) of chunk k, rows m and m+8; up columns n+8, n+9 of chunk k+1.
-          auto c0 = tCcD(make_coord(make_coord(0, 0, k), mi, ni));
-          const int n = n0 + int(get<1>(c0));
-          if (n >= N) continue;
-          float bg0 = 0.f, bg1 = 0.f, bu0 = 0.f, bu1 = 0.f;
-          if (bias != nullptr) {
-            const float2 bg = V2::unpack(*reinterpret_cast<V2T const *>(bias + n));
-            const float2 bu = V2::unpack(*reinterpret_cast<V2T const *>(bias + n + 8));
-            bg0 = bg.x; bg1 = bg.y; bu0 = bu.x; bu1 = bu.y;
-          }
-          // Output column of gate column n: 16-col group n/16 -> 8 output cols; n%16 in [0, 8).
-          const int j = (n >> 4) * 8 + (n & 15);
+        for (int ni = 0; ni < kMmaN; ++ni) {
           CUTLASS_PRAGMA_UNROLL
-          for (int r = 0; r < 2; ++r) {
-            auto cr = tCcD(make_coord(make_coord(0, r, k), mi, ni));
-            const int m = m0 + int(get<0>(cr));
-            if (m >= M) continue;
-            const float g0 = accumulators(make_coord(make_coord(0, r, k), mi, ni)) + bg0;
-            const float g1 = accumulators(make_coord(make_coord(1, r, k), mi, ni)) + bg1;
-            const float u0 = accumulators(make_coord(make_coord(0, r, k + 1), mi, ni)) + bu0;
-            const float u1 = accumulators(make_coord(make_coord(1, r, k + 1), mi, ni)) + bu1;
-            if (preact != nullptr) {
-              Element *p = preact + int64_t(m) * params.ldp + n;
-              *reinterpret_cast<V2T *>(p) = V2::pack(g0, g1);
-              *reinterpret_cast<V2T *>(p + 8) = V2::pack(u0, u1);
+          for (int k = 0; k < kChunks; k += 2) {
+            // Gate columns (n, n+1) of chunk k, rows m and m+8; up columns n+8, n+9 of chunk k+1.
+            const int n = int(get<1>(tCcD(make_coord(make_coord(0, 0, k), mi, ni))));
+            if (!h_pass && (n < c0 || n >= c0 + kHalf)) continue;
+            float bg0 = 0.f, bg1 = 0.f, bu0 = 0.f, bu1 = 0.f;
+            if (bias != nullptr && n0 + n < N) {
+              const float2 bg = V2::unpack(*reinterpret_cast<V2T const *>(bias + n0 + n));
+              const float2 bu = V2::unpack(*reinterpret_cast<V2T const *>(bias + n0 + n + 8));
+              bg0 = bg.x; bg1 = bg.y; bu0 = bu.x; bu1 = bu.y;
             }
-            const float a0 = tanh_gelu ? gelu_tanh(g0) : gelu_erf(g0);
-            const float a1 = tanh_gelu ? gelu_tanh(g1) : gelu_erf(g1);
-            *reinterpret_cast<V2T *>(h + int64_t(m) * params.ldh + j) = V2::pack(a0 * u0, a1 * u1);
+            CUTLASS_PRAGMA_UNROLL
+            for (int r = 0; r < 2; ++r) {
+              const int m = int(get<0>(tCcD(make_coord(make_coord(0, r, k), mi, ni))));
+              const float g0 = accumulators(make_coord(make_coord(0, r, k), mi, ni)) + bg0;
+              const float g1 = accumulators(make_coord(make_coord(1, r, k), mi, ni)) + bg1;
+              const float u0 = accumulators(make_coord(make_coord(0, r, k + 1), mi, ni)) + bu0;
+              const float u1 = accumulators(make_coord(make_coord(1, r, k + 1), mi, ni)) + bu1;
+              Element *row = stage + m * kLd;
+              if (h_pass) {
+                // h column of gate column n: 16-column group n/16 -> 8 h columns; n % 16 in [0, 8).
+                const float a0 = tanh_gelu ? gelu_tanh(g0) : gelu_erf(g0);
+                const float a1 = tanh_gelu ? gelu_tanh(g1) : gelu_erf(g1);
+                *reinterpret_cast<V2T *>(row + (n >> 4) * 8 + (n & 15)) = V2::pack(a0 * u0, a1 * u1);
+              } else {
+                *reinterpret_cast<V2T *>(row + n - c0) = V2::pack(g0, g1);
+                *reinterpret_cast<V2T *>(row + n - c0 + 8) = V2::pack(u0, u1);
+              }
+            }
           }
         }
       }
+      cutlass::arch::NamedBarrier::arrive_and_wait(kThreads, kBarrier);  // the staged tile is complete
+      constexpr int kVecs = kHalf / 8;  // 16-byte vectors per staged row
+      for (int idx = thread_idx; idx < kBM * kVecs; idx += kThreads) {
+        const int m = idx / kVecs, v = (idx % kVecs) * 8;
+        if (m < rows && v < cols) {
+          *reinterpret_cast<uint4 *>(dst + int64_t(m0 + m) * ld + v) =
+              *reinterpret_cast<uint4 const *>(stage + m * kLd + v);
+        }
+      }
+    };
+
+    // N % 16 == 0, so a window's valid width is a multiple of 8 and no vector straddles its end.
+    pass(0, true, params.h + n0 / 2, params.ldh, N / 2 - n0 / 2);
+    if (params.preact != nullptr) {
+      pass(0, false, params.preact + n0, params.ldp, N - n0);
+      pass(kHalf, false, params.preact + n0 + kHalf, params.ldp, N - n0 - kHalf);
     }
   }
 
  private:
+  // Ping-pong: the two consumer warp groups' epilogues never overlap (the kernel orders them), so
+  // they share this barrier and the staging tile; cooperative: both groups run it together.
+  // (user barrier 0: CUTLASS offsets user ids past the ones its kernels reserve).
+  static constexpr uint32_t kBarrier = 0;
   Params params;
 };
 
@@ -142,7 +185,8 @@ struct GateUpKernel {
   static constexpr bool kPingpong = Cfg == TileCfg::k128x128pp || Cfg == TileCfg::k128x192pp;
   using Schedule = cute::conditional_t<kPingpong, cutlass::gemm::KernelTmaWarpSpecializedPingpong,
                                        cutlass::gemm::KernelTmaWarpSpecializedCooperative>;
-  using Epi = GegluEpilogue<Element>;
+  // Consumer threads that run one epilogue: one warp group (ping-pong) or two (cooperative).
+  using Epi = GegluEpilogue<Element, TileShape, kPingpong ? 128 : 256>;
   // w [N, K] row-major == (K x N) column-major
   using G = Sm90Gemm<Element, cutlass::layout::ColumnMajor, TileShape, ClusterShape, Schedule, Epi>;
   using Gemm = typename G::Gemm;
@@ -162,6 +206,7 @@ struct GateUpKernel {
     epi.ldp = a.ldp;
     epi.bias = static_cast<Element const *>(a.bias);
     epi.approximate = a.approximate;
+    epi.skip = a.skip_epilogue;
     return G::arguments(a.M, a.N2, a.K, a.x, sa, a.w, sb, epi, a.device, a.sm_count, a.swizzle, a.raster);
   }
 

@@ -109,9 +109,11 @@ struct Sm90Gemm {
   }
 };
 
-// The register-epilogue boilerplate CUTLASS's adapter asks of a collective: no smem, no workspace.
-#define FUSED_GEGLU_SM90_NO_SMEM_EPILOGUE(CLASS)                                                   \
-  struct SharedStorage {};                                                                         \
+// The boilerplate CUTLASS's adapter asks of an epilogue collective that needs no workspace; the
+// class declares its own SharedStorage (empty for a pure register epilogue, a staging tile
+// otherwise). The adapter constructs the collective from Params alone, so neither constructor
+// builds a SharedStorage (a staging tile as a default argument would be a stack temporary).
+#define FUSED_GEGLU_SM90_EPILOGUE_BOILERPLATE(CLASS)                                               \
   using TensorStorage = SharedStorage;                                                             \
   using Params = Arguments;                                                                        \
   template <class ProblemShape>                                                                    \
@@ -126,9 +128,14 @@ struct Sm90Gemm {
                                               cudaStream_t, cutlass::CudaHostAdapter * = nullptr) { \
     return cutlass::Status::kSuccess;                                                              \
   }                                                                                                \
-  CUTLASS_HOST_DEVICE CLASS(Params const &params_, SharedStorage const & = SharedStorage())        \
-      : params(params_) {}                                                                         \
+  CUTLASS_HOST_DEVICE CLASS(Params const &params_) : params(params_) {}                            \
+  CUTLASS_HOST_DEVICE CLASS(Params const &params_, SharedStorage const &) : params(params_) {}     \
   CUTLASS_DEVICE bool is_source_needed() { return false; }
+
+// A register epilogue with no shared memory at all.
+#define FUSED_GEGLU_SM90_NO_SMEM_EPILOGUE(CLASS) \
+  struct SharedStorage {};                       \
+  FUSED_GEGLU_SM90_EPILOGUE_BOILERPLATE(CLASS)
 
 // The wgmma accumulator layout both epilogues rely on: value mode (2, 2, N/8) with strides
 // (n+1, m+8, n+8) (CLayout_64xN in cute/atom/mma_traits_sm90_gmma.hpp: col-major 64 x N index,
