@@ -48,8 +48,9 @@ class DualOp:
 
     def register_autograd(self, backward: Callable, setup_context: Callable, private_outputs=()) -> None:
         """``private_outputs``: indices of outputs that exist only to be saved for backward. On the
-        eager path the caller gets empty placeholders for them and ``ctx.private_saved`` is True,
-        so ``backward`` knows no one else holds those tensors (and may reuse their memory)."""
+        eager path the caller gets empty placeholders for them and ``ctx.private_saved`` is True
+        (already during ``setup_context``), so ``backward`` knows no one else holds those tensors
+        and may reuse or free their memory."""
         self.op.register_autograd(backward, setup_context=setup_context)
         impl = self.impl
         private = frozenset(private_outputs)
@@ -59,10 +60,10 @@ class DualOp:
             def forward(ctx, *args):
                 ctx.set_materialize_grads(False)  # unused outputs (saved pre-activations) get None
                 out = impl(*args)
+                ctx.private_saved = bool(private)  # setup_context may keep them outside the graph
                 setup_context(ctx, args, out)
                 if not private:
                     return out
-                ctx.private_saved = True
                 return tuple(o.new_empty((0,)) if i in private else o for i, o in enumerate(out))
 
             @staticmethod

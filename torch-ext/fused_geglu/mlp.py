@@ -13,9 +13,9 @@ Paths (``last_backend("geglu_mlp")`` names the one that ran):
 
 Saved for backward: x, and the gate/up pre-activations (``2·M·I`` values), or nothing but x
 with ``recompute=True`` (one more gate+up GEMM in the backward). The backward turns the saved
-pre-activations into their gradients in place, so it holds at most one more ``M·I`` buffer; a
-second backward through the same graph (``retain_graph=True``) is refused by autograd's
-saved-tensor version check rather than computed from overwritten values.
+pre-activations into their gradients in place, so it holds at most one more ``M·I`` buffer, and
+frees each as soon as its last GEMM has read it; a second backward through the same graph
+(``retain_graph=True``) is refused with an error rather than computed from overwritten values.
 """
 
 from __future__ import annotations
@@ -117,10 +117,14 @@ def _(x, w_gate, w_up, w_down, b_gate, b_up, b_down, approximate, save_preact, b
     return x.new_empty((*x.shape[:-1], h)), x.new_empty(pre), x.new_empty(pre)
 
 
-def _mlp_backward(grad_y, x, w_gate, w_up, w_down, b_gate, b_up, gate, up, approximate: str,
+def _mlp_backward(grad_y, x, w_gate, w_up, w_down, b_gate, b_up, preact: list, approximate: str,
                   recompute: bool, has_b_down: bool, backend: str, inplace: bool):
-    """The backward. ``inplace``: overwrite the saved gate/up with their gradients (eager autograd
-    only, see ``_backward``); otherwise work on copies."""
+    """The backward. ``preact`` is ``[gate, up]``, the saved pre-activations; the list is emptied
+    so that this function holds the only references it was given. ``inplace``: overwrite gate/up
+    with their gradients and free each as soon as its last GEMM has read it (eager autograd only,
+    see ``_backward``); otherwise work on copies."""
+    gate, up = preact
+    preact.clear()
     x2, dy = rows(x), rows(grad_y)
     m, (i, h) = x2.shape[0], w_gate.shape
     requested = _dispatch.requested(backend)
@@ -171,12 +175,18 @@ def _mlp_backward(grad_y, x, w_gate, w_up, w_down, b_gate, b_up, gate, up, appro
     d_w_down = dy.t() @ hid
     del hid
     dgate, dup = gate, up
+    del gate, up
     dx = dgate @ w_gate
     dx.addmm_(dup, w_up)
+    # Each M x I gradient goes as soon as its last reader has run: with all three weight
+    # gradients and dx allocated, only dup is still alive (Gemma2-9B at M = 8192: the step's
+    # peak was here, gate + up + dx + three dW).
     d_w_gate = dgate.t() @ x2
-    d_w_up = dup.t() @ x2
     db_gate = dgate.sum(0, dtype=torch.float32).to(dt) if b_gate is not None else x.new_empty((0,))
+    del dgate
+    d_w_up = dup.t() @ x2
     db_up = dup.sum(0, dtype=torch.float32).to(dt) if b_up is not None else x.new_empty((0,))
+    del dup
     db_down = dy.sum(0, dtype=torch.float32).to(dt) if has_b_down else x.new_empty((0,))
     return dx.view(x.shape), d_w_gate, d_w_up, d_w_down, db_gate, db_up, db_down
 
@@ -190,7 +200,7 @@ def geglu_mlp_bwd_op(grad_y: torch.Tensor, x: torch.Tensor, w_gate: torch.Tensor
                                 torch.Tensor, torch.Tensor]:
     """The backward as a functional op, for graphs (torch.compile): the saved pre-activations are
     graph values it must not overwrite."""
-    return _mlp_backward(grad_y, x, w_gate, w_up, w_down, b_gate, b_up, gate, up, approximate,
+    return _mlp_backward(grad_y, x, w_gate, w_up, w_down, b_gate, b_up, [gate, up], approximate,
                          recompute, has_b_down, backend, inplace=False)
 
 
@@ -207,28 +217,58 @@ def _(grad_y, x, w_gate, w_up, w_down, b_gate, b_up, gate, up, approximate, reco
 def _setup(ctx, inputs, output):
     x, w_gate, w_up, w_down, b_gate, b_up, b_down, approximate, save_preact, backend = inputs
     _, gate, up = output
-    ctx.save_for_backward(x, w_gate, w_up, w_down, b_gate, b_up, gate, up)
+    ctx.preact_on_ctx = getattr(ctx, "private_saved", False) and not _saved_tensor_hooks_active()
+    if ctx.preact_on_ctx:
+        # Eager autograd with no saved-tensor hooks: gate/up are this node's own buffers (never
+        # handed out, no grad_fn, so no reference cycle), kept on ctx rather than saved so that the
+        # backward can free them part-way (saved tensors live until the backward returns). Under
+        # hooks (activation checkpointing, offloading) they are saved, so the hooks see them.
+        ctx.save_for_backward(x, w_gate, w_up, w_down, b_gate, b_up)
+        ctx.preact = [gate, up]
+    else:
+        ctx.save_for_backward(x, w_gate, w_up, w_down, b_gate, b_up, gate, up)
     ctx.approximate, ctx.backend = approximate, backend
     ctx.recompute = not save_preact
     ctx.has_bias = (b_gate is not None, b_up is not None, b_down is not None)
 
 
+def _saved_tensor_hooks_active() -> bool:
+    top = getattr(torch._C._autograd, "_top_saved_tensors_default_hooks", None)
+    return top is None or top(False) is not None  # unknown: assume hooks, keep them in charge
+
+
 def _backward(ctx, grad_y, _g_gate, _g_up):
-    x, w_gate, w_up, w_down, b_gate, b_up, gate, up = ctx.saved_tensors
-    args = (grad_y.contiguous(), x, w_gate, w_up, w_down, b_gate, b_up, gate, up, ctx.approximate,
-            ctx.recompute, ctx.has_bias[2], ctx.backend)
-    if _tracing(args) or not getattr(ctx, "private_saved", False):
-        dx, dwg, dwu, dwd, dbg, dbu, dbd = geglu_mlp_bwd_op(*args)
+    if getattr(ctx, "preact_consumed", False):
+        raise RuntimeError(
+            "geglu_mlp: a second backward through the same graph is not supported: the first one turned "
+            "the saved gate/up pre-activations into their gradients in place (memory). Call "
+            "geglu_mlp(..., recompute=True) to differentiate the graph more than once.")
+    on_ctx = getattr(ctx, "preact_on_ctx", False)
+    if on_ctx:
+        x, w_gate, w_up, w_down, b_gate, b_up = ctx.saved_tensors
+        preact = ctx.preact
+    else:
+        x, w_gate, w_up, w_down, b_gate, b_up, gate, up = ctx.saved_tensors
+        preact = [gate, up]
+        del gate, up
+    head = (grad_y.contiguous(), x, w_gate, w_up, w_down, b_gate, b_up)
+    tail = (ctx.approximate, ctx.recompute, ctx.has_bias[2], ctx.backend)
+    if _tracing(head) or not getattr(ctx, "private_saved", False):
+        dx, dwg, dwu, dwd, dbg, dbu, dbd = geglu_mlp_bwd_op(*head, *preact, *tail)
+    elif ctx.recompute:  # nothing saved but x: the graph can be differentiated again
+        dx, dwg, dwu, dwd, dbg, dbu, dbd = _mlp_backward(*head, list(preact), *tail, inplace=True)
     else:
         # Eager autograd through geglu_mlp: the saved gate/up were never handed to the caller
-        # (DualOp private outputs), so they are this graph's own buffers and die with it; the
-        # backward turns them into dgate/dup in place (two M x I buffers fewer at the peak).
-        # The version bump makes a second backward through the graph (retain_graph=True) fail
-        # on autograd's saved-tensor check instead of reading gradients as pre-activations.
-        dx, dwg, dwu, dwd, dbg, dbu, dbd = _mlp_backward(*args, inplace=True)
-        if not ctx.recompute:  # Triton launches do not bump version counters themselves
-            for t in (gate, up):
-                torch.autograd.graph.increment_version(t)
+        # (DualOp private outputs), so they are this graph's own buffers; the backward turns them
+        # into dgate/dup in place (two M x I buffers fewer at the peak) and, when they are kept on
+        # ctx, frees each as soon as it is used up (ctx lets go, _mlp_backward empties the list
+        # it is given). Either way a second backward through the graph (retain_graph=True) is
+        # refused above instead of reading gradients as pre-activations; autograd's own
+        # saved-tensor version check would not catch it under saved-tensor hooks.
+        ctx.preact_consumed = True
+        if on_ctx:
+            ctx.preact = None
+        dx, dwg, dwu, dwd, dbg, dbu, dbd = _mlp_backward(*head, preact, *tail, inplace=True)
     bg, bu, bd = ctx.has_bias
     return (dx, dwg, dwu, dwd, dbg if bg else None, dbu if bu else None, dbd if bd else None,
             None, None, None)
