@@ -210,6 +210,34 @@ def test_geglu_mlp_sm90_every_tile(kernel, device, monkeypatch, tile, order, dty
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("tile", SM90_TILES)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+@pytest.mark.parametrize("approximate", ["tanh", "none"])
+def test_geglu_mlp_sm90_training(kernel, device, monkeypatch, tile, dtype, approximate):
+    """Training through the CUTLASS gate+up GEMM: its epilogue also writes gate and up for the
+    backward. Every gradient against float64; M and I not multiples of the tile."""
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("the CUTLASS gate+up GEMM is sm_90 only")
+    monkeypatch.setenv("FUSED_GEGLU_SM90_TILE", tile)
+    m, h, i = 333, 264, 392
+    x = randn(m, h, dtype=dtype, device=device, requires_grad=True)
+    params = _params(h, i, dtype, device, biases=True)
+    y = kernel.geglu_mlp(x, *params, approximate=approximate, backend="cuda")
+    assert kernel.last_backend("geglu_mlp") == "cuda:sm90"
+    grad = randn(*y.shape, dtype=dtype, device=device)
+    leaves = [x, *params]
+    ours = torch.autograd.grad(y, leaves, grad)
+    l64 = [t.detach().double().requires_grad_() for t in leaves]
+    ref_y = kernel.reference.geglu_mlp_ref(l64[0], *l64[1:], approximate=approximate)
+    assert_close(y, ref_y, _eager(x, *params, approximate), f"geglu_mlp sm90 {tile} training y")
+    refs = torch.autograd.grad(ref_y, l64, grad.double())
+    eagers = torch.autograd.grad(_eager(x, *params, approximate), leaves, grad)
+    names = ["dx", "dW_gate", "dW_up", "dW_down", "db_gate", "db_up", "db_down"]
+    for name, o, r, e in zip(names, ours, refs, eagers):
+        assert_close(o, r, e, f"geglu_mlp sm90 {tile} training {name}")
+
+
+@pytest.mark.gpu
 def test_sm90_knobs_reject_bad_values(kernel, device, monkeypatch):
     """A misspelt tile or order is an error naming the variable, not a silent default."""
     if torch.cuda.get_device_capability() != (9, 0):

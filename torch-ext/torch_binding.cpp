@@ -23,7 +23,7 @@ TORCH_LIBRARY_EXPAND(TORCH_EXTENSION_NAME, ops) {
   ops.def("geglu_bwd_inplace(Tensor(a!) gate, Tensor(b!) up, Tensor(c!) grad_out, int approximate) -> ()");
   ops.impl("geglu_bwd_inplace", c10::kCUDA, &geglu_bwd_inplace);
   // ---- CUDA-only ops (kernel_src/linear_cublaslt, kernel_src/gemm_sm90) ----
-  // The optional outputs (preact_out, db) are written, so they carry their own alias set.
+  // The optional outputs (preact_out, db, gate_out, up_out) are written: each has its own alias set.
   ops.def(
       "linear_lt(Tensor(a!) out, Tensor x, Tensor weight, Tensor? bias, int activation, "
       "Tensor(b!)? preact_out) -> ()");
@@ -33,7 +33,8 @@ TORCH_LIBRARY_EXPAND(TORCH_EXTENSION_NAME, ops) {
   ops.impl("linear_lt_bwd_weight", c10::kCUDA, &linear_lt_bwd_weight);
   ops.def(
       "geglu_gateup_sm90(Tensor(a!) h_out, Tensor x, Tensor w_gateup, Tensor? b_gateup, "
-      "int approximate, Tensor(b!)? preact_out, int tile=-1, int swizzle=1, int raster=0) -> ()");
+      "int approximate, Tensor(b!)? gate_out, Tensor(c!)? up_out, int tile=-1, int swizzle=1, "
+      "int raster=0) -> ()");
   ops.impl("geglu_gateup_sm90", c10::kCUDA, &geglu_gateup_sm90);
   ops.def(
       "geglu_dh_sm90(Tensor(a!) gate, Tensor(b!) up, Tensor(c!) h_out, Tensor dy, Tensor w_down, "

@@ -39,12 +39,14 @@ void linear_lt_bwd_weight(at::Tensor &dw, std::optional<at::Tensor> const &db,
                           at::Tensor const &grad_y, at::Tensor const &x);
 // sm90a CUTLASS GEMM with a GeGLU epilogue: h_out[M,I] = gelu(gate) * up from one GEMM over the
 // 8-row-interleaved w_gateup[2I,H] (layout in kernel_src/gemm_sm90/geglu_gateup_sm90.h);
-// approximate 0 = erf, 1 = tanh; b_gateup[2I] and preact_out[M,2I] interleaved the same way.
+// approximate 0 = erf, 1 = tanh; b_gateup[2I] interleaved the same way; gate_out / up_out [M,I]
+// (optional, for training) receive the two pre-activations, in the usual (not interleaved) order.
 // tile: a TileCfg index (-1: the op's own size heuristic); swizzle 1/2/4/8 and raster 0/1/2 (heuristic,
 // along M, along N) order the persistent tile scheduler. The caller's measured policy picks them.
 void geglu_gateup_sm90(at::Tensor &h_out, at::Tensor const &x, at::Tensor const &w_gateup,
                        std::optional<at::Tensor> const &b_gateup, int64_t approximate,
-                       std::optional<at::Tensor> const &preact_out, int64_t tile, int64_t swizzle,
+                       std::optional<at::Tensor> const &gate_out,
+                       std::optional<at::Tensor> const &up_out, int64_t tile, int64_t swizzle,
                        int64_t raster);
 // sm90a CUTLASS GEMM dh = dy @ w_down with the GeGLU-backward epilogue (kernel_src/gemm_sm90/
 // geglu_dh_sm90.h): gate <- dgate, up <- dup in place, h_out = gelu(gate) * up.

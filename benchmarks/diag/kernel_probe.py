@@ -194,7 +194,7 @@ def sm90(k, ops, rows: list) -> None:
                 for swz, raster in orders:
                     def run(j, tile=tile, swz=swz, raster=raster):
                         _sm90_env(tile, swz, raster)
-                        ops.geglu_gateup_sm90(hs[j], xs[j], w, None, 1, None)
+                        ops.geglu_gateup_sm90(hs[j], xs[j], w, None, 1, None, None)
                     cases[f"sm90 {tile} s{swz}{raster}"] = run
                 if m >= 1024:  # the mainloop alone: the epilogue returns at once (h unwritten)
                     for swz in ("1", "8"):
@@ -202,7 +202,7 @@ def sm90(k, ops, rows: list) -> None:
                             _sm90_env(tile, swz, "")
                             os.environ["FUSED_GEGLU_SM90_DIAG_NO_EPILOGUE"] = "1"
                             try:
-                                ops.geglu_gateup_sm90(hs[j], xs[j], w, None, 1, None)
+                                ops.geglu_gateup_sm90(hs[j], xs[j], w, None, 1, None, None)
                             finally:
                                 os.environ.pop("FUSED_GEGLU_SM90_DIAG_NO_EPILOGUE")
                         cases[f"sm90 {tile} s{swz} no-epilogue"] = mainloop
@@ -217,7 +217,7 @@ def sm90(k, ops, rows: list) -> None:
             for tile in SM90_TILES:
                 _sm90_env(tile, "4", "")
                 try:
-                    ops.geglu_gateup_sm90(hs[0], xs[0], w, None, 1, None)
+                    ops.geglu_gateup_sm90(hs[0], xs[0], w, None, 1, None, None)
                     rows.append({"section": "sm90", "shape": name, "M": m, "impl": f"check {tile}",
                                  "rel_err": float((hs[0].float() - ref).norm() / ref.norm())})
                 except Exception as exc:  # noqa: BLE001

@@ -2,7 +2,7 @@
 // interleave is specified in geglu_gateup_sm90.h):
 //
 //   h_out[M, I] = gelu(x @ w_gate^T + b_gate) * (x @ w_up^T + b_up)    (math on fp32 accumulators)
-//   preact_out[M, 2I] (optional) = x @ w_gateup^T + b_gateup, interleaved like w_gateup.
+//   gate_out[M, I], up_out[M, I] (optional, both or neither) = the two pre-activations.
 //
 // This TU holds only checks and dispatch; it does not include CUTLASS kernels, so it builds fast.
 #include <ATen/ATen.h>
@@ -121,7 +121,8 @@ const char *dispatch(GateUpArgs &a, TileCfg cfg, at::Tensor &ws_holder, const at
 
 void geglu_gateup_sm90(at::Tensor &h_out, at::Tensor const &x, at::Tensor const &w_gateup,
                        std::optional<at::Tensor> const &b_gateup, int64_t approximate,
-                       std::optional<at::Tensor> const &preact_out, int64_t tile, int64_t swizzle,
+                       std::optional<at::Tensor> const &gate_out,
+                       std::optional<at::Tensor> const &up_out, int64_t tile, int64_t swizzle,
                        int64_t raster) {
   const auto dtype = x.scalar_type();
   TORCH_CHECK(dtype == at::kBFloat16 || dtype == at::kHalf,
@@ -147,7 +148,9 @@ void geglu_gateup_sm90(at::Tensor &h_out, at::Tensor const &x, at::Tensor const 
   TORCH_CHECK(M <= INT32_MAX && N2 <= INT32_MAX && H <= INT32_MAX,
               "geglu_gateup_sm90: sizes must fit in int32, got M=", M, " 2I=", N2, " H=", H);
   const bool has_bias = b_gateup.has_value() && b_gateup->defined();
-  const bool has_pre = preact_out.has_value() && preact_out->defined();
+  const bool has_gate = gate_out.has_value() && gate_out->defined();
+  const bool has_pre = up_out.has_value() && up_out->defined();
+  TORCH_CHECK(has_gate == has_pre, "geglu_gateup_sm90: gate_out and up_out go together (both or neither)");
   if (has_bias) {
     TORCH_CHECK(b_gateup->dim() == 1 && b_gateup->size(0) == N2 && b_gateup->is_contiguous() &&
                     b_gateup->scalar_type() == dtype && b_gateup->is_cuda(),
@@ -157,10 +160,14 @@ void geglu_gateup_sm90(at::Tensor &h_out, at::Tensor const &x, at::Tensor const 
                 "geglu_gateup_sm90: b_gateup data pointer must be 4-byte aligned");
   }
   if (has_pre) {
-    check_operand(*preact_out, "preact_out", dtype, 8, 16);
-    TORCH_CHECK(preact_out->size(0) == M && preact_out->size(1) == N2,
-                "geglu_gateup_sm90: preact_out must be [", M, ", ", N2, "], got ",
-                preact_out->sizes());
+    for (auto const *t : {&*gate_out, &*up_out}) {
+      const char *name = t == &*gate_out ? "gate_out" : "up_out";
+      check_operand(*t, name, dtype, 8, 16);
+      TORCH_CHECK(t->size(0) == M && t->size(1) == I, "geglu_gateup_sm90: ", name, " must be [", M,
+                  ", ", I, "], got ", t->sizes());
+      TORCH_CHECK(t->device() == x.device(), "geglu_gateup_sm90: ", name, " is on ", t->device(),
+                  ", x on ", x.device());
+    }
   }
   TORCH_CHECK(x.device() == w_gateup.device() && h_out.device() == x.device(),
               "geglu_gateup_sm90: tensors on different devices");
@@ -173,9 +180,12 @@ void geglu_gateup_sm90(at::Tensor &h_out, at::Tensor const &x, at::Tensor const 
   if (H == 0) {  // empty reduction: pre-activations are the bias (or zero)
     at::Tensor pre = has_bias ? b_gateup->unsqueeze(0).expand({M, N2}).to(at::kFloat)
                               : at::zeros({M, N2}, x.options().dtype(at::kFloat));
-    if (has_pre) preact_out->copy_(pre);
     auto p = pre.view({M, I / 8, 2, 8});
     auto g = p.select(2, 0).reshape({M, I}), u = p.select(2, 1).reshape({M, I});
+    if (has_pre) {
+      gate_out->copy_(g);
+      up_out->copy_(u);
+    }
     h_out.copy_(at::gelu(g, approximate ? "tanh" : "none") * u);
     return;
   }
@@ -185,14 +195,16 @@ void geglu_gateup_sm90(at::Tensor &h_out, at::Tensor const &x, at::Tensor const 
   a.w = w_gateup.data_ptr();
   a.bias = has_bias ? b_gateup->data_ptr() : nullptr;
   a.h = h_out.data_ptr();
-  a.preact = has_pre ? preact_out->data_ptr() : nullptr;
+  a.gate = has_pre ? gate_out->data_ptr() : nullptr;
+  a.up = has_pre ? up_out->data_ptr() : nullptr;
   a.M = M;
   a.N2 = N2;
   a.K = H;
   a.ldx = x.stride(0);
   a.ldw = w_gateup.stride(0);
   a.ldh = h_out.stride(0);
-  a.ldp = has_pre ? preact_out->stride(0) : 0;
+  a.ldg = has_pre ? gate_out->stride(0) : 0;
+  a.ldu = has_pre ? up_out->stride(0) : 0;
   a.approximate = int(approximate);
   a.device = x.get_device();
   a.sm_count = prop->multiProcessorCount;

@@ -1,7 +1,7 @@
 // Hopper (sm_90a) gate+up GEMM with a GeGLU epilogue: one CUTLASS 3.x kernel, TMA + wgmma
 // warp-specialised cooperative mainloop (collective builder), and a custom register epilogue that
 // pairs each gate accumulator with its up accumulator held by the same thread and writes the
-// half-width h = gelu(gate) * up (plus, optionally, the pre-activations) through a shared-memory
+// half-width h = gelu(gate) * up (plus, optionally, gate and up themselves) through a shared-memory
 // staging tile as 16-byte row vectors.
 //
 // ---------------------------------------------------------------------------------------------
@@ -11,9 +11,7 @@
 //     w_gateup[16*j + 8 + r] = w_up  [8*j + r]     for r in 0..7,   j in 0..I/8-1
 //   In PyTorch:  torch.stack([w_gate.view(I//8, 8, H), w_up.view(I//8, 8, H)], 1).reshape(2*I, H)
 //   b_gateup [2I] is interleaved the same way (stack of b_gate.view(I//8, 8), b_up.view(I//8, 8)).
-//   preact_out [M, 2I] comes back in that same interleaved column order:
-//     preact[:, 16*j + r] = gate pre-activation column 8*j + r, preact[:, 16*j + 8 + r] = up's.
-//   Undo: preact.view(M, I//8, 2, 8) -> [..., 0, :] is gate, [..., 1, :] is up.
+//   gate_out / up_out [M, I] (optional) receive the pre-activations in the plain column order.
 //
 // Why G = 8: a wgmma 64xN accumulator gives each thread the column pairs (8k + 2t, 8k + 2t + 1)
 // for every 8-column chunk k (t = lane % 4), so with 8-row blocks the gate chunk k (even) and the
@@ -41,9 +39,10 @@ struct GateUpArgs {
   const void *w;         // [2I, H] interleaved, row stride ldw
   const void *bias;      // [2I] interleaved or nullptr
   void *h;               // [M, I], row stride ldh
-  void *preact;          // [M, 2I] interleaved, row stride ldp, or nullptr
+  void *gate;            // [M, I] gate pre-activation, row stride ldg, or nullptr
+  void *up;              // [M, I] up pre-activation, row stride ldu, or nullptr (both or neither)
   int64_t M, N2, K;      // N2 = 2I
-  int64_t ldx, ldw, ldh, ldp;
+  int64_t ldx, ldw, ldh, ldg, ldu;
   int approximate;       // 0 = erf, 1 = tanh
   int device, sm_count;
   cudaStream_t stream;

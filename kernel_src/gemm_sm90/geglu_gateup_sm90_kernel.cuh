@@ -9,8 +9,8 @@ namespace fused_geglu_sm90 {
 
 namespace detail {
 
-// Epilogue collective: GeGLU on the accumulators in registers, then every output tile (h, and the
-// pre-activations when asked) staged through shared memory so that global stores are whole 16-byte
+// Epilogue collective: GeGLU on the accumulators in registers, then every output tile (h, and gate
+// and up when asked) staged through shared memory so that global stores are whole 16-byte
 // vectors along rows. Storing straight from the wgmma fragment would write 4 bytes per thread
 // scattered over 8 rows per warp instruction (8 L1 wavefronts each), which the cooperative tiles
 // pay in full because their epilogue does not overlap a mainloop. Sm90TmaWarpSpecializedAdapter
@@ -29,7 +29,7 @@ class GegluEpilogue {
 
   static constexpr int kBM = cute::size<0>(TileShape_{});
   static constexpr int kBN = cute::size<1>(TileShape_{});
-  static constexpr int kHalf = kBN / 2;  // h columns of a tile; also one pass of pre-activations
+  static constexpr int kHalf = kBN / 2;  // output columns of a tile (of h, gate and up alike)
   // +8 elements (16 bytes) per staged row: a warp's fragment store covers 8 rows x 4 threads, and
   // with the row pitch = 4 banks (mod 32) those land in 32 distinct banks; 16-byte reads stay aligned.
   static constexpr int kLd = kHalf + 8;
@@ -44,8 +44,10 @@ class GegluEpilogue {
   struct Arguments {
     Element *h = nullptr;
     int64_t ldh = 0;
-    Element *preact = nullptr;  // may be null
-    int64_t ldp = 0;
+    Element *gate = nullptr;  // may be null (then so is up)
+    int64_t ldg = 0;
+    Element *up = nullptr;
+    int64_t ldu = 0;
     Element const *bias = nullptr;  // may be null
     int approximate = 0;
     int skip = 0;  // timing only: leave the outputs unwritten ($FUSED_GEGLU_SM90_DIAG_NO_EPILOGUE)
@@ -55,8 +57,9 @@ class GegluEpilogue {
   template <class ProblemShape>
   static bool can_implement(ProblemShape const &problem_shape, Arguments const &args) {
     auto N = cute::get<1>(problem_shape);
-    // 16-byte row vectors: h and preact rows start 16-byte aligned (the host op checks the pointers).
-    return args.h != nullptr && N % 16 == 0 && args.ldh % 8 == 0 && args.ldp % 8 == 0;
+    // 16-byte row vectors: output rows start 16-byte aligned (the host op checks the pointers).
+    return args.h != nullptr && (args.gate == nullptr) == (args.up == nullptr) && N % 16 == 0 &&
+           args.ldh % 8 == 0 && args.ldg % 8 == 0 && args.ldu % 8 == 0;
   }
 
   template <class ProblemShapeMNKL, class BlockShapeMNK, class BlockCoordMNKL, class FrgEngine,
@@ -99,10 +102,11 @@ class GegluEpilogue {
     Element *__restrict__ stage = reinterpret_cast<SharedStorage *>(smem)->tile.data();
     const int rows = min(kBM, M - m0);
 
-    // One pass: every thread writes its fragment values for tile columns [c0, c0 + kHalf) into the
-    // staging tile (value(m, n, g0, g1, u0, u1) -> the pair to store at staged (m, col)), then the
-    // tile goes out as 16-byte row vectors; cols = valid columns of the destination window.
-    auto pass = [&](int c0, bool h_pass, Element *dst, int64_t ld, int cols) {
+    // One pass per output (0: h, 1: gate, 2: up): every thread writes its fragment's values into
+    // the staging tile, then the tile goes out as 16-byte row vectors. All three outputs map gate
+    // column n of the tile (with its up column n + 8) to output column (n / 16) * 8 + n % 16.
+    const int cols = N / 2 - n0 / 2;  // valid output columns from this tile's first; a multiple of 8
+    auto pass = [&](int which, Element *dst, int64_t ld) {
       cutlass::arch::NamedBarrier::arrive_and_wait(kThreads, kBarrier);  // the last pass's reads are done
       CUTLASS_PRAGMA_UNROLL
       for (int mi = 0; mi < kMmaM; ++mi) {
@@ -112,7 +116,7 @@ class GegluEpilogue {
           for (int k = 0; k < kChunks; k += 2) {
             // Gate columns (n, n+1) of chunk k, rows m and m+8; up columns n+8, n+9 of chunk k+1.
             const int n = int(get<1>(tCcD(make_coord(make_coord(0, 0, k), mi, ni))));
-            if (!h_pass && (n < c0 || n >= c0 + kHalf)) continue;
+            const int j = (n >> 4) * 8 + (n & 15);
             float bg0 = 0.f, bg1 = 0.f, bu0 = 0.f, bu1 = 0.f;
             if (bias != nullptr && n0 + n < N) {
               const float2 bg = V2::unpack(*reinterpret_cast<V2T const *>(bias + n0 + n));
@@ -126,16 +130,15 @@ class GegluEpilogue {
               const float g1 = accumulators(make_coord(make_coord(1, r, k), mi, ni)) + bg1;
               const float u0 = accumulators(make_coord(make_coord(0, r, k + 1), mi, ni)) + bu0;
               const float u1 = accumulators(make_coord(make_coord(1, r, k + 1), mi, ni)) + bu1;
-              Element *row = stage + m * kLd;
-              if (h_pass) {
-                // h column of gate column n: 16-column group n/16 -> 8 h columns; n % 16 in [0, 8).
+              V2T out;
+              if (which == 0) {
                 const float a0 = tanh_gelu ? gelu_tanh(g0) : gelu_erf(g0);
                 const float a1 = tanh_gelu ? gelu_tanh(g1) : gelu_erf(g1);
-                *reinterpret_cast<V2T *>(row + (n >> 4) * 8 + (n & 15)) = V2::pack(a0 * u0, a1 * u1);
+                out = V2::pack(a0 * u0, a1 * u1);
               } else {
-                *reinterpret_cast<V2T *>(row + n - c0) = V2::pack(g0, g1);
-                *reinterpret_cast<V2T *>(row + n - c0 + 8) = V2::pack(u0, u1);
+                out = which == 1 ? V2::pack(g0, g1) : V2::pack(u0, u1);
               }
+              *reinterpret_cast<V2T *>(stage + m * kLd + j) = out;
             }
           }
         }
@@ -145,17 +148,16 @@ class GegluEpilogue {
       for (int idx = thread_idx; idx < kBM * kVecs; idx += kThreads) {
         const int m = idx / kVecs, v = (idx % kVecs) * 8;
         if (m < rows && v < cols) {
-          *reinterpret_cast<uint4 *>(dst + int64_t(m0 + m) * ld + v) =
+          *reinterpret_cast<uint4 *>(dst + int64_t(m0 + m) * ld + n0 / 2 + v) =
               *reinterpret_cast<uint4 const *>(stage + m * kLd + v);
         }
       }
     };
 
-    // N % 16 == 0, so a window's valid width is a multiple of 8 and no vector straddles its end.
-    pass(0, true, params.h + n0 / 2, params.ldh, N / 2 - n0 / 2);
-    if (params.preact != nullptr) {
-      pass(0, false, params.preact + n0, params.ldp, N - n0);
-      pass(kHalf, false, params.preact + n0 + kHalf, params.ldp, N - n0 - kHalf);
+    pass(0, params.h, params.ldh);
+    if (params.gate != nullptr) {
+      pass(1, params.gate, params.ldg);
+      pass(2, params.up, params.ldu);
     }
   }
 
@@ -202,8 +204,10 @@ struct GateUpKernel {
     typename Epi::Arguments epi;
     epi.h = static_cast<Element *>(a.h);
     epi.ldh = a.ldh;
-    epi.preact = static_cast<Element *>(a.preact);
-    epi.ldp = a.ldp;
+    epi.gate = static_cast<Element *>(a.gate);
+    epi.ldg = a.ldg;
+    epi.up = static_cast<Element *>(a.up);
+    epi.ldu = a.ldu;
     epi.bias = static_cast<Element const *>(a.bias);
     epi.approximate = a.approximate;
     epi.skip = a.skip_epilogue;

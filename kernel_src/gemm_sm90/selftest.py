@@ -40,13 +40,6 @@ def interleave_gateup(w_gate: torch.Tensor, w_up: torch.Tensor, g: int = 8) -> t
     )
 
 
-def deinterleave(p: torch.Tensor, g: int = 8) -> tuple[torch.Tensor, torch.Tensor]:
-    """[..., 2I] interleaved -> (gate [..., I], up [..., I])."""
-    *lead, n2 = p.shape
-    v = p.reshape(*lead, n2 // (2 * g), 2, g)
-    return v[..., 0, :].reshape(*lead, n2 // 2), v[..., 1, :].reshape(*lead, n2 // 2)
-
-
 def rel_err(y: torch.Tensor, ref: torch.Tensor) -> float:
     ref = ref.double()
     den = ref.abs().max().item()
@@ -187,8 +180,9 @@ def test_geglu_gateup(ops, dev) -> None:
                         w = interleave_gateup(wg, wu)
                         b = interleave_gateup(bg, bu) if has_bias else None
                         out = torch.full((m, i), float("nan"), device=dev, dtype=dtype)
-                        pre = torch.full((m, 2 * i), float("nan"), device=dev, dtype=dtype) if has_pre else None
-                        ops.geglu_gateup_sm90(out, x, w, b, approx, pre)
+                        pg = torch.full((m, i), float("nan"), device=dev, dtype=dtype) if has_pre else None
+                        pu = torch.full((m, i), float("nan"), device=dev, dtype=dtype) if has_pre else None
+                        ops.geglu_gateup_sm90(out, x, w, b, approx, pg, pu)
                         g64 = x.double() @ wg.double().t() + (bg.double() if has_bias else 0)
                         u64 = x.double() @ wu.double().t() + (bu.double() if has_bias else 0)
                         ref = _gelu64(g64, approx) * u64
@@ -196,7 +190,6 @@ def test_geglu_gateup(ops, dev) -> None:
                         t_out = F.gelu(tg, approximate="tanh" if approx else "none") * tu
                         pairs = [("h", out, t_out, ref)]
                         if has_pre:
-                            pg, pu = deinterleave(pre)
                             pairs += [("gate", pg, tg, g64), ("up", pu, tu, u64)]
                         _check(name, pairs, dtype)
 
@@ -218,17 +211,17 @@ def test_geglu_gateup(ops, dev) -> None:
     x = torch.randn(16, 100, device=dev, dtype=bf)
     expect_error("geglu_gateup_sm90 rejects H % 8 != 0",
                  lambda: ops.geglu_gateup_sm90(torch.empty(16, 16, device=dev, dtype=bf), x,
-                                               torch.randn(32, 100, device=dev, dtype=bf), None, 0, None),
+                                               torch.randn(32, 100, device=dev, dtype=bf), None, 0, None, None),
                  "x")
     x = torch.randn(16, 64, device=dev, dtype=bf)
     expect_error("geglu_gateup_sm90 rejects I % 8 != 0",
                  lambda: ops.geglu_gateup_sm90(torch.empty(16, 12, device=dev, dtype=bf), x,
-                                               torch.randn(24, 64, device=dev, dtype=bf), None, 0, None),
+                                               torch.randn(24, 64, device=dev, dtype=bf), None, 0, None, None),
                  "w_gateup")
     expect_error("geglu_gateup_sm90 rejects a misaligned x",
                  lambda: ops.geglu_gateup_sm90(torch.empty(16, 16, device=dev, dtype=bf),
                                                torch.randn(16 * 64 + 1, device=dev, dtype=bf)[1:].view(16, 64),
-                                               torch.randn(32, 64, device=dev, dtype=bf), None, 0, None),
+                                               torch.randn(32, 64, device=dev, dtype=bf), None, 0, None, None),
                  "x")
 
 
@@ -242,7 +235,7 @@ def test_graph_capture(ops, dev) -> None:
         x, wg, wu, bg, bu = _geglu_inputs(m, h, i, dtype, dev, True)
         w, b = interleave_gateup(wg, wu), interleave_gateup(bg, bu)
         out_h = torch.empty(m, i, device=dev, dtype=dtype)
-        pre = torch.empty(m, 2 * i, device=dev, dtype=dtype)
+        pg, pu = torch.empty(m, i, device=dev, dtype=dtype), torch.empty(m, i, device=dev, dtype=dtype)
         out_l = torch.empty(m, i, device=dev, dtype=dtype)
         pre_l = torch.empty(m, i, device=dev, dtype=dtype)
         dw = torch.empty(i, h, device=dev, dtype=dtype)
@@ -250,7 +243,7 @@ def test_graph_capture(ops, dev) -> None:
         gy = torch.randn(m, i, device=dev, dtype=dtype)
 
         def step():
-            ops.geglu_gateup_sm90(out_h, x, w, b, 0, pre)
+            ops.geglu_gateup_sm90(out_h, x, w, b, 0, pg, pu)
             ops.linear_lt(out_l, x, wg, bg, 1, pre_l)
             ops.linear_lt_bwd_weight(dw, db, gy, x)
 
@@ -259,15 +252,15 @@ def test_graph_capture(ops, dev) -> None:
         with torch.cuda.stream(s):
             step()  # warm-up: plans, workspace, kernel attributes
         torch.cuda.current_stream().wait_stream(s)
-        ref = [t.clone() for t in (out_h, pre, out_l, pre_l, dw, db)]
-        for t in (out_h, pre, out_l, pre_l, dw, db):
+        ref = [t.clone() for t in (out_h, pg, pu, out_l, pre_l, dw, db)]
+        for t in (out_h, pg, pu, out_l, pre_l, dw, db):
             t.fill_(float("nan"))
         g = torch.cuda.CUDAGraph()
         with torch.cuda.graph(g, stream=s):
             step()
         g.replay()
         torch.cuda.synchronize()
-        same = all(torch.equal(a, r) for a, r in zip((out_h, pre, out_l, pre_l, dw, db), ref))
+        same = all(torch.equal(a, r) for a, r in zip((out_h, pg, pu, out_l, pre_l, dw, db), ref))
         _record("graph capture + replay (all ops)", same, "bit-identical to eager" if same else "differs from eager")
 
     _guard("graph capture + replay (all ops)", body)
@@ -321,7 +314,7 @@ def bench(ops, dev) -> None:
             w = interleave_gateup(wg, wu)
             wcat = torch.cat([wg, wu], 0)
             out = torch.empty(m, i, device=dev, dtype=dtype)
-            pre = torch.empty(m, 2 * i, device=dev, dtype=dtype)
+            pg, pu = torch.empty(m, i, device=dev, dtype=dtype), torch.empty(m, i, device=dev, dtype=dtype)
             f = 2.0 * m * 2 * i * h
             shp = f"M{m} H{h} I{i}"
 
@@ -332,12 +325,12 @@ def bench(ops, dev) -> None:
                 g, u = (x @ wcat.t()).chunk(2, dim=-1)
                 return F.gelu(g) * u
 
-            add("geglu_gateup_sm90", shp, dtype, f, lambda: ops.geglu_gateup_sm90(out, x, w, None, 0, None),
+            add("geglu_gateup_sm90", shp, dtype, f, lambda: ops.geglu_gateup_sm90(out, x, w, None, 0, None, None),
                 "2 mm + gelu*mul", two_mm)
-            add("geglu_gateup_sm90", shp, dtype, f, lambda: ops.geglu_gateup_sm90(out, x, w, None, 0, None),
+            add("geglu_gateup_sm90", shp, dtype, f, lambda: ops.geglu_gateup_sm90(out, x, w, None, 0, None, None),
                 "cat mm + gelu*mul", cat_mm)
-            add("geglu_gateup_sm90 +preact", shp, dtype, f,
-                lambda: ops.geglu_gateup_sm90(out, x, w, None, 0, pre), "2 mm + gelu*mul", two_mm)
+            add("geglu_gateup_sm90 +gate,up", shp, dtype, f,
+                lambda: ops.geglu_gateup_sm90(out, x, w, None, 0, pg, pu), "2 mm + gelu*mul", two_mm)
     print()
     print(f"{'op':28s} {'shape':22s} {'dtype':9s} {'ours ms':>9s} {'TFLOP/s':>8s}  {'baseline':18s} "
           f"{'base ms':>9s} {'speedup':>7s}")

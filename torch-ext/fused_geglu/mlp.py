@@ -5,8 +5,9 @@ Paths (``last_backend("geglu_mlp")`` names the one that ran):
   ``h`` (plus the gate/up pre-activations when training); the down GEMM adds its bias in the
   epilogue. Backward: the ``dh = dy @ W_down`` GEMM computes dgate/dup in its epilogue and
   re-emits ``h`` for ``dW_down``, so ``h`` is never saved.
-- ``"cuda:sm90"`` (inference on Hopper): the CUTLASS gate+up GEMM with the GeGLU epilogue
-  (``kernel_src/gemm_sm90``) over an interleaved copy of the two weights, then the down GEMM.
+- ``"cuda:sm90"`` (Hopper): the CUTLASS gate+up GEMM with the GeGLU epilogue
+  (``kernel_src/gemm_sm90``) over an interleaved copy of the two weights, then the down GEMM;
+  when training it also writes the gate/up pre-activations the backward needs.
 - ``"<pointwise>+gemm"`` (``"cuda+gemm"``, ``"cpu+gemm"``, ``"torch+gemm"``): vendor GEMMs
   (cuBLAS / ATen) around this project's GeGLU pointwise kernel. The auto policy on CUDA uses it
   wherever measurements say the fused kernel would lose (``configs``' dispatch table).
@@ -77,13 +78,14 @@ def _forward(x, w_gate, w_up, w_down, b_gate, b_up, b_down, approximate: str, sa
         tk_mlp.gateup_fwd(hid, x2, w_gate, w_up, b_gate, b_up, approximate, gate, up)
         y = torch.empty((m, h), dtype=x.dtype, device=device)
         tk_linear.linear_fwd(y, hid, w_down, b_down, "none", None)
-    elif backend == "cuda" and not save_preact and _dispatch.compiled_has("geglu_gateup_sm90", "cuda") \
+    elif backend == "cuda" and _dispatch.compiled_has("geglu_gateup_sm90", "cuda") \
             and sm90_weights.usable(x2, w_gate) \
             and ((launch := sm90_mlp_launch(m, h, device)) is not None or not auto):
-        # Inference on Hopper: CUTLASS gate+up GEMM with the GeGLU epilogue (the tile and tile order
-        # the policy measured best at this size, or the op's own heuristic where a forced backend
-        # runs it outside the policy's sizes), then cuBLAS down.
-        hid = sm90_weights.gateup_sm90(ops, x2, w_gate, w_up, b_gate, b_up, approximate, launch)
+        # Hopper: CUTLASS gate+up GEMM with the GeGLU epilogue (the tile and tile order the policy
+        # measured best at this size, or the op's own heuristic where a forced backend runs it
+        # outside the policy's sizes), then cuBLAS down. Training also takes gate/up from it.
+        hid, gate, up = sm90_weights.gateup_sm90(ops, x2, w_gate, w_up, b_gate, b_up, approximate, launch,
+                                                 save_preact)
         y = F.linear(hid, w_down, b_down)
         backend = "cuda:sm90"
     else:

@@ -78,12 +78,17 @@ def parse_launch(spec: str | None) -> tuple[int, int, int]:
     return TILES.index(tile), int(swizzle), _RASTER[raster]
 
 
-def gateup_sm90(ops, x2, w_gate, w_up, b_gate, b_up, approximate: str, launch: str | None = None) -> torch.Tensor:
+def gateup_sm90(ops, x2, w_gate, w_up, b_gate, b_up, approximate: str, launch: str | None = None,
+                save_preact: bool = False):
+    """``(h, gate, up)`` from one CUTLASS GEMM; gate/up (the pre-activations, for the backward)
+    only when ``save_preact``, else None."""
     m, i = x2.shape[0], w_gate.shape[0]
     h_out = torch.empty((m, i), dtype=x2.dtype, device=x2.device)
+    gate = torch.empty_like(h_out) if save_preact else None
+    up = torch.empty_like(h_out) if save_preact else None
     ops.geglu_gateup_sm90(h_out, x2, gateup_weight(w_gate, w_up), _interleave_bias(b_gate, b_up),
-                          0 if approximate == "none" else 1, None, *parse_launch(launch))
-    return h_out
+                          0 if approximate == "none" else 1, gate, up, *parse_launch(launch))
+    return h_out, gate, up
 
 
 def dh_usable(dy: torch.Tensor, w_down: torch.Tensor, gate: torch.Tensor, up: torch.Tensor) -> bool:
