@@ -8,6 +8,7 @@ the fallback given by the caller is used.
 from __future__ import annotations
 
 import json
+import os
 from functools import lru_cache
 from pathlib import Path
 
@@ -72,8 +73,9 @@ def mlp_backend_for(m: int, h: int, i: int, device: torch.device | None = None) 
 
 def sm90_mlp_launch(m: int, h: int, device: torch.device) -> str | None:
     """The CUTLASS gate+up GEMM's launch (``"<tile>/s<swizzle>[m|n]"``, e.g. ``"128x128pp/s1"``)
-    where it beat cuBLAS + the pointwise kernel (inference) at this size on this GPU, else None."""
-    choice = backend_for("geglu_mlp_sm90", device, "no", m=m, h=h)
+    where it beat cuBLAS + the pointwise kernel (inference) at this size on this GPU, else None.
+    ``$FUSED_GEGLU_SM90_MLP`` overrides the policy for measuring: a launch, or ``no``."""
+    choice = os.environ.get("FUSED_GEGLU_SM90_MLP") or backend_for("geglu_mlp_sm90", device, "no", m=m, h=h)
     return None if choice == "no" else choice
 
 
