@@ -50,9 +50,9 @@ void geglu_dh_sm90(at::Tensor &gate, at::Tensor &up, at::Tensor &h_out, at::Tens
               "geglu_dh_sm90: sizes must fit in int32, got M=", M, " H=", H, " I=", I);
   check_2d(dy, "dy", dtype, M, H, 8, 16);
   check_2d(w_down, "w_down", dtype, H, I, 8, 16);
-  check_2d(gate, "gate", dtype, M, I, 8, 16);
-  check_2d(up, "up", dtype, M, I, 8, 16);
-  check_2d(h_out, "h_out", dtype, M, I, 8, 16);
+  check_2d(gate, "gate", dtype, M, I, 2, 4);
+  check_2d(up, "up", dtype, M, I, 2, 4);
+  check_2d(h_out, "h_out", dtype, M, I, 2, 4);
   for (const at::Tensor *t : std::initializer_list<const at::Tensor *>{&w_down, &gate, &up, &h_out}) {
     TORCH_CHECK(t->device() == dy.device(), "geglu_dh_sm90: tensors on different devices");
   }

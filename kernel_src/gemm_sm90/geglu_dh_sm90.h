@@ -6,12 +6,11 @@
 //   up       <- dh * gelu(gate)                   (in place: up held the pre-activation)
 //   h_out     = gelu(gate) * up                   (the forward's h, for dW_down = dy^T @ h)
 //
-// gate/up tiles come in and the three results go out through shared memory as 16-byte row
-// vectors; each tile's gate/up are read before its gradients are written over them, and no tile
-// reads another's columns, so the in-place update needs no synchronisation between tiles.
+// Each thread reads the gate/up pairs of the accumulator columns it holds and writes their
+// gradients back to the same addresses, so the in-place update needs no synchronisation.
 // Requirements (checked by the host op): sm_90 device, bf16 or fp16, H % 8 == 0 and I % 8 == 0
 // (16-byte TMA rows of dy and w_down), w_down and dy row-major with a contiguous last dimension,
-// gate/up/h_out [M, I] with a contiguous last dimension, 16-byte aligned rows. Any M.
+// gate/up/h_out [M, I] with a contiguous last dimension and even row strides. Any M.
 #pragma once
 
 #include <cuda_runtime.h>

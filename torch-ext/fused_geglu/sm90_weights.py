@@ -98,7 +98,6 @@ def dh_usable(dy: torch.Tensor, w_down: torch.Tensor, gate: torch.Tensor, up: to
             and dy.stride(1) == 1 and dy.stride(0) % 8 == 0 and dy.data_ptr() % 16 == 0
             and w_down.stride(1) == 1 and w_down.stride(0) % 8 == 0 and w_down.data_ptr() % 16 == 0
             and gate.is_contiguous() and up.is_contiguous()
-            and gate.data_ptr() % 16 == 0 and up.data_ptr() % 16 == 0
             and device_capability(dy.device) == (9, 0))
 
 
