@@ -36,6 +36,7 @@ _OPS = {
     "geglu_mlp_dh_sm90": ({"m", "h"}, _DhLaunches()),
     "geglu_mlp": ({"m", "h", "capturing"}, {"triton", "cuda", "torch"}),
     "geglu_mlp_sm90": ({"m", "h"}, _Launches()),
+    "geglu_mlp_sm90_train": ({"m", "h"}, _Launches()),
     "linear": ({"m"}, {"torch", "triton", "cuda"}),
     "linear_gelu_tanh": ({"m"}, {"torch", "triton", "cuda"}),
     "linear_gelu": ({"m"}, {"torch", "triton", "cuda"}),
@@ -96,6 +97,11 @@ def test_policy_file_is_plain_json(policy):
     ("geglu_mlp_sm90", dict(m=8192, h=1152), "128x128pp/s1"),
     ("geglu_mlp_sm90", dict(m=8192, h=3584), "no"),
     ("geglu_mlp_sm90", dict(m=8192, h=768), "no"),
+    ("geglu_mlp_sm90_train", dict(m=1024, h=1152), "128x128pp/s4"),
+    ("geglu_mlp_sm90_train", dict(m=8192, h=2048), "128x128pp/s8"),
+    ("geglu_mlp_sm90_train", dict(m=8192, h=1152), "no"),
+    ("geglu_mlp_sm90_train", dict(m=8192, h=3584), "no"),
+    ("geglu_mlp_sm90_train", dict(m=16, h=2048), "no"),
     # the sm90 dh GEMM with the GeGLU-backward epilogue measured slower: off everywhere
     ("geglu_mlp_dh_sm90", dict(m=8192, h=2048), "no"),
     ("geglu_mlp_dh_sm90", dict(m=1024, h=2048), "no"),
@@ -123,7 +129,7 @@ def test_sm90_launches_parse(kernel, sm90_rules):
     """Every launch the policy names reaches the op as a valid (tile, swizzle, raster); a malformed
     one is an error naming the expected form, not a silent default."""
     sm90 = importlib.import_module(kernel.__name__ + ".sm90_weights")
-    for rule in sm90_rules["geglu_mlp_sm90"]:
+    for rule in sm90_rules["geglu_mlp_sm90"] + sm90_rules["geglu_mlp_sm90_train"]:
         if rule["backend"] != "no":
             tile, swizzle, raster = sm90.parse_launch(rule["backend"])
             assert 0 <= tile < len(sm90.TILES) and swizzle in (1, 2, 4, 8) and raster in (0, 1, 2)

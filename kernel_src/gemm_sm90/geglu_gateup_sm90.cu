@@ -135,7 +135,6 @@ void geglu_gateup_sm90(at::Tensor &h_out, at::Tensor const &x, at::Tensor const 
               "geglu_gateup_sm90: raster must be 0 (heuristic), 1 (along M) or 2 (along N), got ", raster);
   check_operand(x, "x", dtype, 8, 16);
   check_operand(w_gateup, "w_gateup", dtype, 8, 16);
-  check_operand(h_out, "h_out", dtype, 8, 16);  // 16-byte row vectors
   const int64_t M = x.size(0), H = x.size(1), N2 = w_gateup.size(0), I = N2 / 2;
   TORCH_CHECK(w_gateup.size(1) == H, "geglu_gateup_sm90: w_gateup must be [2I, H=", H, "], got ",
               w_gateup.sizes());
@@ -143,6 +142,7 @@ void geglu_gateup_sm90(at::Tensor &h_out, at::Tensor const &x, at::Tensor const 
               "(I % 8 == 0 for the 8-row interleave), got 2I=", N2);
   TORCH_CHECK(H % 8 == 0, "geglu_gateup_sm90: x/w_gateup: H must be a multiple of 8 (16-byte TMA "
               "rows), got H=", H);
+  check_operand(h_out, "h_out", dtype, 8, 16);  // 16-byte row vectors (after the size checks above)
   TORCH_CHECK(h_out.size(0) == M && h_out.size(1) == I, "geglu_gateup_sm90: h_out must be [", M,
               ", ", I, "], got ", h_out.sizes());
   TORCH_CHECK(M <= INT32_MAX && N2 <= INT32_MAX && H <= INT32_MAX,

@@ -80,7 +80,7 @@ def _forward(x, w_gate, w_up, w_down, b_gate, b_up, b_down, approximate: str, sa
         tk_linear.linear_fwd(y, hid, w_down, b_down, "none", None)
     elif backend == "cuda" and _dispatch.compiled_has("geglu_gateup_sm90", "cuda") \
             and sm90_weights.usable(x2, w_gate) \
-            and ((launch := sm90_mlp_launch(m, h, device)) is not None or not auto):
+            and ((launch := sm90_mlp_launch(m, h, device, save_preact)) is not None or not auto):
         # Hopper: CUTLASS gate+up GEMM with the GeGLU epilogue (the tile and tile order the policy
         # measured best at this size, or the op's own heuristic where a forced backend runs it
         # outside the policy's sizes), then cuBLAS down. Training also takes gate/up from it.

@@ -71,11 +71,14 @@ def mlp_backend_for(m: int, h: int, i: int, device: torch.device | None = None) 
     return backend_for("geglu_mlp", device, "triton", m=m, h=h, capturing=capturing)
 
 
-def sm90_mlp_launch(m: int, h: int, device: torch.device) -> str | None:
+def sm90_mlp_launch(m: int, h: int, device: torch.device, training: bool = False) -> str | None:
     """The CUTLASS gate+up GEMM's launch (``"<tile>/s<swizzle>[m|n]"``, e.g. ``"128x128pp/s1"``)
-    where it beat cuBLAS + the pointwise kernel (inference) at this size on this GPU, else None.
-    ``$FUSED_GEGLU_SM90_MLP`` overrides the policy for measuring: a launch, or ``no``."""
-    choice = os.environ.get("FUSED_GEGLU_SM90_MLP") or backend_for("geglu_mlp_sm90", device, "no", m=m, h=h)
+    where it beat cuBLAS + the pointwise kernel at this size on this GPU, else None: the inference
+    forward (``geglu_mlp_sm90``), or the training step (``geglu_mlp_sm90_train``: the epilogue
+    also writes gate and up). ``$FUSED_GEGLU_SM90_MLP`` overrides both for measuring: a launch,
+    or ``no``."""
+    choice = os.environ.get("FUSED_GEGLU_SM90_MLP") or backend_for(
+        "geglu_mlp_sm90_train" if training else "geglu_mlp_sm90", device, "no", m=m, h=h)
     return None if choice == "no" else choice
 
 
