@@ -224,17 +224,22 @@ def test_geglu_mlp_sm90_training(kernel, device, monkeypatch, tile, dtype, appro
     params = _params(h, i, dtype, device, biases=True)
     y = kernel.geglu_mlp(x, *params, approximate=approximate, backend="cuda")
     assert kernel.last_backend("geglu_mlp") == "cuda:sm90"
-    grad = randn(*y.shape, dtype=dtype, device=device)
-    leaves = [x, *params]
+    _assert_output_and_grads(kernel, y, [x, *params], approximate, f"geglu_mlp sm90 {tile} training")
+
+
+def _assert_output_and_grads(kernel, y, leaves, approximate, what):
+    """y and all seven gradients (for a random upstream gradient) against float64, with eager's error
+    in y's dtype as the yardstick."""
+    grad = randn(*y.shape, dtype=y.dtype, device=y.device)
     ours = torch.autograd.grad(y, leaves, grad)
     l64 = [t.detach().double().requires_grad_() for t in leaves]
     ref_y = kernel.reference.geglu_mlp_ref(l64[0], *l64[1:], approximate=approximate)
-    assert_close(y, ref_y, _eager(x, *params, approximate), f"geglu_mlp sm90 {tile} training y")
+    assert_close(y, ref_y, _eager(*leaves, approximate), f"{what} y")
     refs = torch.autograd.grad(ref_y, l64, grad.double())
-    eagers = torch.autograd.grad(_eager(x, *params, approximate), leaves, grad)
+    eagers = torch.autograd.grad(_eager(*leaves, approximate), leaves, grad)
     names = ["dx", "dW_gate", "dW_up", "dW_down", "db_gate", "db_up", "db_down"]
     for name, o, r, e in zip(names, ours, refs, eagers):
-        assert_close(o, r, e, f"geglu_mlp sm90 {tile} training {name}")
+        assert_close(o, r, e, f"{what} {name}")
 
 
 @pytest.mark.gpu
@@ -267,17 +272,8 @@ def test_geglu_mlp_sm90_dh_backward(kernel, device, monkeypatch, dtype, approxim
     x = randn(m, h, dtype=dtype, device=device, requires_grad=True)
     params = _params(h, i, dtype, device, biases=True)
     y = kernel.geglu_mlp(x, *params, approximate=approximate, recompute=recompute, backend="cuda")
-    grad = randn(*y.shape, dtype=dtype, device=device)
-    leaves = [x, *params]
-    ours = torch.autograd.grad(y, leaves, grad)
+    _assert_output_and_grads(kernel, y, [x, *params], approximate, f"geglu_mlp sm90 dh {launch}")
     assert kernel.last_backend("geglu_mlp_backward") == "cuda:sm90"
-    l64 = [t.detach().double().requires_grad_() for t in leaves]
-    refs = torch.autograd.grad(kernel.reference.geglu_mlp_ref(l64[0], *l64[1:], approximate=approximate), l64,
-                               grad.double())
-    eagers = torch.autograd.grad(_eager(x, *params, approximate), leaves, grad)
-    names = ["dx", "dW_gate", "dW_up", "dW_down", "db_gate", "db_up", "db_down"]
-    for name, o, r, e in zip(names, ours, refs, eagers):
-        assert_close(o, r, e, f"geglu_mlp sm90 dh {launch} {name}")
 
 
 @pytest.mark.gpu
