@@ -71,53 +71,63 @@ class DGegluEpilogue {
     // would expose the memory latency per pair.
     constexpr int kGroup = kChunks % 8 == 0 ? 8 : kChunks;
     static_assert(kChunks % kGroup == 0, "chunk grouping");
-    const bool tanh_gelu = params.approximate != 0;
-
-    CUTLASS_PRAGMA_UNROLL
-    for (int mi = 0; mi < kMmaM; ++mi) {
+    // Straight-line per tile: the GELU flavour is a template argument (gelu_grad<> in
+    // sm90_common.cuh) and rows/columns past the problem are computed on zeros and not stored,
+    // so the unrolled loop has no branch that would cut it into one latency chain per pair.
+    with_flag(params.approximate != 0, [&](auto tanh_c) {
+      constexpr bool kTanh = decltype(tanh_c)::value;
       CUTLASS_PRAGMA_UNROLL
-      for (int ni = 0; ni < kMmaN; ++ni) {
+      for (int mi = 0; mi < kMmaM; ++mi) {
         CUTLASS_PRAGMA_UNROLL
-        for (int k0 = 0; k0 < kChunks; k0 += kGroup) {
-          V2T g[kGroup][2], u[kGroup][2];
-          int64_t off_g[kGroup][2], off_u[kGroup][2], off_h[kGroup][2];
-          bool live[kGroup][2];
+        for (int ni = 0; ni < kMmaN; ++ni) {
           CUTLASS_PRAGMA_UNROLL
-          for (int k = 0; k < kGroup; ++k) {
+          for (int k0 = 0; k0 < kChunks; k0 += kGroup) {
+            V2T g[kGroup][2], u[kGroup][2];
+            int64_t off_g[kGroup][2], off_u[kGroup][2], off_h[kGroup][2];
+            bool live[kGroup][2];
             CUTLASS_PRAGMA_UNROLL
-            for (int r = 0; r < 2; ++r) {
-              auto c = tCcD(make_coord(make_coord(0, r, k0 + k), mi, ni));
-              const int m = m0 + int(get<0>(c));
-              const int n = n0 + int(get<1>(c));
-              live[k][r] = m < M && n < N;  // N is even and n is even: n + 1 < N too
-              off_g[k][r] = int64_t(m) * params.ldg + n;
-              off_u[k][r] = int64_t(m) * params.ldu + n;
-              off_h[k][r] = int64_t(m) * params.ldh + n;
-              if (live[k][r]) {
-                g[k][r] = *reinterpret_cast<V2T const *>(params.gate + off_g[k][r]);
-                u[k][r] = *reinterpret_cast<V2T const *>(params.up + off_u[k][r]);
+            for (int k = 0; k < kGroup; ++k) {
+              CUTLASS_PRAGMA_UNROLL
+              for (int r = 0; r < 2; ++r) {
+                auto c = tCcD(make_coord(make_coord(0, r, k0 + k), mi, ni));
+                const int m = m0 + int(get<0>(c));
+                const int n = n0 + int(get<1>(c));
+                live[k][r] = m < M && n < N;  // N is even and n is even: n + 1 < N too
+                off_g[k][r] = int64_t(m) * params.ldg + n;
+                off_u[k][r] = int64_t(m) * params.ldu + n;
+                off_h[k][r] = int64_t(m) * params.ldh + n;
+                g[k][r] = V2::pack(0.f, 0.f);
+                u[k][r] = V2::pack(0.f, 0.f);
+                if (live[k][r]) {
+                  g[k][r] = *reinterpret_cast<V2T const *>(params.gate + off_g[k][r]);
+                  u[k][r] = *reinterpret_cast<V2T const *>(params.up + off_u[k][r]);
+                }
               }
             }
-          }
-          CUTLASS_PRAGMA_UNROLL
-          for (int k = 0; k < kGroup; ++k) {
             CUTLASS_PRAGMA_UNROLL
-            for (int r = 0; r < 2; ++r) {
-              if (!live[k][r]) continue;
-              const float dh0 = accumulators(make_coord(make_coord(0, r, k0 + k), mi, ni));
-              const float dh1 = accumulators(make_coord(make_coord(1, r, k0 + k), mi, ni));
-              const float2 gv = V2::unpack(g[k][r]), uv = V2::unpack(u[k][r]);
-              float d0, d1;
-              const float a0 = tanh_gelu ? gelu_tanh_grad(gv.x, &d0) : gelu_erf_grad(gv.x, &d0);
-              const float a1 = tanh_gelu ? gelu_tanh_grad(gv.y, &d1) : gelu_erf_grad(gv.y, &d1);
-              *reinterpret_cast<V2T *>(params.gate + off_g[k][r]) = V2::pack(dh0 * uv.x * d0, dh1 * uv.y * d1);
-              *reinterpret_cast<V2T *>(params.up + off_u[k][r]) = V2::pack(dh0 * a0, dh1 * a1);
-              *reinterpret_cast<V2T *>(params.h + off_h[k][r]) = V2::pack(a0 * uv.x, a1 * uv.y);
+            for (int k = 0; k < kGroup; ++k) {
+              CUTLASS_PRAGMA_UNROLL
+              for (int r = 0; r < 2; ++r) {
+                const float dh0 = accumulators(make_coord(make_coord(0, r, k0 + k), mi, ni));
+                const float dh1 = accumulators(make_coord(make_coord(1, r, k0 + k), mi, ni));
+                const float2 gv = V2::unpack(g[k][r]), uv = V2::unpack(u[k][r]);
+                float d0, d1;
+                const float a0 = gelu_grad<kTanh>(gv.x, &d0);
+                const float a1 = gelu_grad<kTanh>(gv.y, &d1);
+                const V2T dg = V2::pack(dh0 * uv.x * d0, dh1 * uv.y * d1);
+                const V2T du = V2::pack(dh0 * a0, dh1 * a1);
+                const V2T hv = V2::pack(a0 * uv.x, a1 * uv.y);
+                if (live[k][r]) {
+                  *reinterpret_cast<V2T *>(params.gate + off_g[k][r]) = dg;
+                  *reinterpret_cast<V2T *>(params.up + off_u[k][r]) = du;
+                  *reinterpret_cast<V2T *>(params.h + off_h[k][r]) = hv;
+                }
+              }
             }
           }
         }
       }
-    }
+    });
   }
 
  private:

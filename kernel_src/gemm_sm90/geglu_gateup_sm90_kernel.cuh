@@ -97,16 +97,19 @@ class GegluEpilogue {
     constexpr int kChunks = size<0, 2>(decltype(accumulators.layout()){});
     constexpr int kMmaM = size<1>(decltype(accumulators.layout()){});
     constexpr int kMmaN = size<2>(decltype(accumulators.layout()){});
-    const bool tanh_gelu = params.approximate != 0;
-    Element const *__restrict__ bias = params.bias;
     Element *__restrict__ stage = reinterpret_cast<SharedStorage *>(smem)->tile.data();
     const int rows = min(kBM, M - m0);
+    const int cols = N / 2 - n0 / 2;  // valid output columns from this tile's first; a multiple of 8
 
     // One pass per output (0: h, 1: gate, 2: up): every thread writes its fragment's values into
     // the staging tile, then the tile goes out as 16-byte row vectors. All three outputs map gate
     // column n of the tile (with its up column n + 8) to output column (n / 16) * 8 + n % 16.
-    const int cols = N / 2 - n0 / 2;  // valid output columns from this tile's first; a multiple of 8
-    auto pass = [&](int which, Element *dst, int64_t ld) {
+    // The output, the GELU flavour and whether there is a bias are compile-time here, so the
+    // unrolled loop is one basic block (see gelu<> in sm90_common.cuh).
+    auto pass = [&](auto which_c, auto tanh_c, auto bias_c, Element *dst, int64_t ld) {
+      constexpr int kWhich = decltype(which_c)::value;
+      constexpr bool kTanh = decltype(tanh_c)::value;
+      constexpr bool kBias = decltype(bias_c)::value;
       cutlass::arch::NamedBarrier::arrive_and_wait(kThreads, kBarrier);  // the last pass's reads are done
       CUTLASS_PRAGMA_UNROLL
       for (int mi = 0; mi < kMmaM; ++mi) {
@@ -118,9 +121,12 @@ class GegluEpilogue {
             const int n = int(get<1>(tCcD(make_coord(make_coord(0, 0, k), mi, ni))));
             const int j = (n >> 4) * 8 + (n & 15);
             float bg0 = 0.f, bg1 = 0.f, bu0 = 0.f, bu1 = 0.f;
-            if (bias != nullptr && n0 + n < N) {
-              const float2 bg = V2::unpack(*reinterpret_cast<V2T const *>(bias + n0 + n));
-              const float2 bu = V2::unpack(*reinterpret_cast<V2T const *>(bias + n0 + n + 8));
+            if constexpr (kBias) {
+              // Columns past N (a partial last tile) are computed but never stored; pointing
+              // their loads at the first 16-column group keeps them in bounds without a branch.
+              const int nb = n0 + n < N ? n0 + n : (n & 15);
+              const float2 bg = V2::unpack(*reinterpret_cast<V2T const *>(params.bias + nb));
+              const float2 bu = V2::unpack(*reinterpret_cast<V2T const *>(params.bias + nb + 8));
               bg0 = bg.x; bg1 = bg.y; bu0 = bu.x; bu1 = bu.y;
             }
             CUTLASS_PRAGMA_UNROLL
@@ -131,12 +137,12 @@ class GegluEpilogue {
               const float u0 = accumulators(make_coord(make_coord(0, r, k + 1), mi, ni)) + bu0;
               const float u1 = accumulators(make_coord(make_coord(1, r, k + 1), mi, ni)) + bu1;
               V2T out;
-              if (which == 0) {
-                const float a0 = tanh_gelu ? gelu_tanh(g0) : gelu_erf(g0);
-                const float a1 = tanh_gelu ? gelu_tanh(g1) : gelu_erf(g1);
-                out = V2::pack(a0 * u0, a1 * u1);
+              if constexpr (kWhich == 0) {
+                out = V2::pack(gelu<kTanh>(g0) * u0, gelu<kTanh>(g1) * u1);
+              } else if constexpr (kWhich == 1) {
+                out = V2::pack(g0, g1);
               } else {
-                out = which == 1 ? V2::pack(g0, g1) : V2::pack(u0, u1);
+                out = V2::pack(u0, u1);
               }
               *reinterpret_cast<V2T *>(stage + m * kLd + j) = out;
             }
@@ -154,11 +160,14 @@ class GegluEpilogue {
       }
     };
 
-    pass(0, params.h, params.ldh);
-    if (params.gate != nullptr) {
-      pass(1, params.gate, params.ldg);
-      pass(2, params.up, params.ldu);
-    }
+    with_flag(params.bias != nullptr, [&](auto bias_c) {
+      with_flag(params.approximate != 0,
+                [&](auto tanh_c) { pass(Int<0>{}, tanh_c, bias_c, params.h, params.ldh); });
+      if (params.gate != nullptr) {
+        pass(Int<1>{}, cute::false_type{}, bias_c, params.gate, params.ldg);
+        pass(Int<2>{}, cute::false_type{}, bias_c, params.up, params.ldu);
+      }
+    });
   }
 
  private:

@@ -59,6 +59,29 @@ __device__ __forceinline__ float gelu_erf_grad(float v, float *d) {
   return v * cdf;
 }
 
+// The GELU flavour as a template argument: the epilogues branch on it once per tile, outside their
+// unrolled loops. A flag tested per element would end a basic block at every accumulator pair, and
+// ptxas cannot interleave the SFU chains of neighbouring pairs across block boundaries, so each
+// pair's exp -> reciprocal chain would run at full latency (ping-pong gives one warp per scheduler
+// to the epilogue, so nothing else hides it).
+template <bool kTanh>
+__device__ __forceinline__ float gelu(float v) { return kTanh ? gelu_tanh(v) : gelu_erf(v); }
+template <bool kTanh>
+__device__ __forceinline__ float gelu_grad(float v, float *d) {
+  return kTanh ? gelu_tanh_grad(v, d) : gelu_erf_grad(v, d);
+}
+
+// f(cute::true_type{}) when flag is set, f(cute::false_type{}) otherwise: one runtime test, two
+// straight-line instantiations.
+template <class F>
+__device__ __forceinline__ void with_flag(bool flag, F &&f) {
+  if (flag) {
+    f(cute::true_type{});
+  } else {
+    f(cute::false_type{});
+  }
+}
+
 // A persistent warp-specialised CUTLASS 3.x GEMM (TMA + wgmma) whose epilogue is Epi, a register
 // epilogue collective that Sm90TmaWarpSpecializedAdapter makes acceptable to the kernel schedules.
 // A is [M, K] K-major (row-major); LayoutB says how B is stored (ColumnMajor: [N, K] row-major,
