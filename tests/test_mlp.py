@@ -114,6 +114,33 @@ def test_geglu_mlp_saves_only_preactivations(kernel, device):
     assert all(t.numel() != m * i for t in saved), "recompute=True must not save M*I tensors"
 
 
+@pytest.mark.gpu
+def test_geglu_mlp_inference_holds_two_preactivation_buffers(kernel, device, monkeypatch):
+    """Inference on the cuBLAS + pointwise path writes h over gate: its peak above the inputs is
+    gate + up (2*M*I) and y, not three M x I buffers. Checked against the allocator's peak."""
+    # The auto policy's cuBLAS path at every size (a forced backend="cuda" would run the CUTLASS
+    # gate+up GEMM on Hopper).
+    monkeypatch.setenv("FUSED_GEGLU_SM90_MLP", "no")
+    backend = None
+    m, h, i = 2048, 256, 4096
+    x = randn(m, h, dtype=torch.bfloat16, device=device)
+    params = [p.detach() for p in _params(h, i, torch.bfloat16, device, biases=True)]
+    with torch.no_grad():
+        kernel.geglu_mlp(x, *params, backend=backend)  # warm-up: cuBLAS workspace, Triton compile
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        base = torch.cuda.memory_allocated()
+        y = kernel.geglu_mlp(x, *params, backend=backend)
+        torch.cuda.synchronize()
+        peak = torch.cuda.max_memory_allocated() - base
+    assert kernel.last_backend("geglu_mlp") == "cuda+gemm"
+    elt = 2
+    limit = (2 * m * i + m * h) * elt + (4 << 20)  # slack: cuBLAS workspace and allocator rounding
+    assert peak <= limit, f"peak {peak / 2**20:.1f} MiB above {limit / 2**20:.1f} MiB (three M x I buffers?)"
+    ref = kernel.reference.geglu_mlp_ref(x, *params, approximate="tanh")
+    assert_close(y, ref, _eager(x, *params, "tanh"), "geglu_mlp h over gate")
+
+
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_geglu_mlp_second_backward_is_refused_not_wrong(kernel, device, backend):
     """The backward overwrites the saved pre-activations with their gradients (memory): a second

@@ -46,12 +46,22 @@ def _pick(device: torch.device, backend: str, m: int, h: int, i: int) -> str:
     return backend
 
 
-def _gemm_forward(x2, wg, wu, wd, bg, bu, bd, approximate, pointwise):
+# Pointwise backends whose forward kernel may write h over gate: each element is read by the
+# thread (or program) that later overwrites it, loads first, and neither declares the operands
+# restrict (the C++ CPU loop does, so it gets its own buffer).
+_H_OVER_GATE = ("cuda", "triton", "torch")
+
+
+def _gemm_forward(x2, wg, wu, wd, bg, bu, bd, approximate, pointwise, keep_preact: bool):
+    """``(y, gate, up)``. Without ``keep_preact`` h is written over gate (gate is dead once h
+    exists), so the forward holds two M x I buffers instead of three; gate/up are then None."""
     # F.linear on 2-D input with a bias is addmm (cuBLASLt's BIAS epilogue on CUDA); it also skips
     # the Python-level ``Tensor.__matmul__`` wrapper that ``a @ w.t()`` goes through.
     gate, up = F.linear(x2, wg, bg), F.linear(x2, wu, bu)
-    h = torch.empty_like(gate)
+    h = torch.empty_like(gate) if keep_preact or pointwise not in _H_OVER_GATE else gate
     _geglu._fwd_into(h, gate, up, approximate, pointwise)
+    if not keep_preact:
+        gate = up = None  # up is freed here, before the down GEMM allocates y
     return F.linear(h, wd, bd), gate, up
 
 
@@ -92,9 +102,8 @@ def _forward(x, w_gate, w_up, w_down, b_gate, b_up, b_down, approximate: str, sa
         # With the auto policy the pointwise between the GEMMs is whichever measured faster at
         # this size (geglu_fwd's rules); a forced backend runs its own.
         pointwise = _geglu._pick(device, "auto", "fwd", m * i, True) if auto and backend == "cuda" else backend
-        y, g, u = _gemm_forward(x2, w_gate, w_up, w_down, b_gate, b_up, b_down, approximate, pointwise)
-        if save_preact:
-            gate, up = g, u
+        y, gate, up = _gemm_forward(x2, w_gate, w_up, w_down, b_gate, b_up, b_down, approximate, pointwise,
+                                    save_preact)
         backend = f"{pointwise}+gemm"
     _dispatch.record("geglu_mlp", backend)
     return (y if x.dim() == 2 else y.view(*x.shape[:-1], h)), gate, up
