@@ -274,6 +274,8 @@ def mlpfwd(k, ops, rows: list, rounds: int = 3) -> None:
 
 
 DH_LAUNCHES = ("0", "s1", "s4", "s8")  # $FUSED_GEGLU_SM90_DH: 0 = cuBLAS dh + pointwise
+# Training forwards through the CUTLASS gate+up GEMM ($FUSED_GEGLU_SM90_MLP), dh as cuBLAS + pointwise.
+TRAIN_FWD_LAUNCHES = ("128x128pp/s1", "128x128pp/s4", "128x128pp/s8", "128x192pp/s1", "128x256/s8")
 
 
 def mlptrain(k, ops, rows: list, rounds: int = 3) -> None:
@@ -307,6 +309,14 @@ def mlptrain(k, ops, rows: list, rounds: int = 3) -> None:
                 step(j, ours)
                 os.environ.pop("FUSED_GEGLU_SM90_MLP", None)
             cases["ours fwd cublas+pointwise, dh 0"] = fwd_cublas
+            for launch in TRAIN_FWD_LAUNCHES:
+                def fwd_sm90(j, launch=launch):
+                    os.environ["FUSED_GEGLU_SM90_MLP"] = launch
+                    os.environ["FUSED_GEGLU_SM90_DH"] = "0"
+                    step(j, ours)
+                    os.environ.pop("FUSED_GEGLU_SM90_MLP", None)
+                    os.environ.pop("FUSED_GEGLU_SM90_DH", None)
+                cases[f"ours fwd {launch}, dh 0"] = fwd_sm90
             for launch in DH_LAUNCHES:
                 def run(j, launch=launch):
                     os.environ["FUSED_GEGLU_SM90_DH"] = launch
