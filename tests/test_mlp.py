@@ -270,6 +270,27 @@ def _assert_output_and_grads(kernel, y, leaves, approximate, what):
 
 
 @pytest.mark.gpu
+def test_geglu_mlp_sm90_sees_in_place_weight_updates(kernel, device):
+    """The CUTLASS path reads an interleaved copy of w_gate/w_up kept outside the module: after an
+    in-place update (what an optimizer step does) it must compute with the new weights."""
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("the CUTLASS gate+up GEMM is sm_90 only")
+    m, h, i = 256, 128, 192
+    x = randn(m, h, dtype=torch.bfloat16, device=device)
+    params = [p.detach() for p in _params(h, i, torch.bfloat16, device, biases=False)[:3]]
+    wg, wu, wd = params
+    with torch.no_grad():
+        for step, update in enumerate((None, lambda: wg.mul_(-0.5), lambda: wu.add_(randn(i, h, device=device,
+                                                                                       dtype=wu.dtype, scale=0.1)))):
+            if update is not None:
+                update()
+            y = kernel.geglu_mlp(x, wg, wu, wd, approximate="tanh", backend="cuda")
+            assert kernel.last_backend("geglu_mlp") == "cuda:sm90"
+            ref = kernel.reference.geglu_mlp_ref(x, wg, wu, wd, approximate="tanh")
+            assert_close(y, ref, _eager(x, wg, wu, wd, None, None, None, "tanh"), f"after update {step}")
+
+
+@pytest.mark.gpu
 def test_sm90_knobs_reject_bad_values(kernel, device, monkeypatch):
     """A misspelt tile or order is an error naming the variable, not a silent default."""
     if torch.cuda.get_device_capability() != (9, 0):

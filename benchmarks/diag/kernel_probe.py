@@ -294,6 +294,10 @@ def mlptrain(k, ops, rows: list, rounds: int = 3) -> None:
             dys = [torch.randn(m, h, device="cuda", dtype=dt) for _ in range(sets)]
 
             def step(j, f):
+                # An optimizer updates the weights in place every step: bump their versions (no
+                # kernel), so that ours remakes the CUTLASS path's interleaved copy as it would.
+                for p in mod.parameters():
+                    torch.autograd.graph.increment_version(p)
                 x = xs[j].detach().requires_grad_()
                 f(x).backward(dys[j])
                 for p in mod.parameters():

@@ -45,6 +45,9 @@ def gateup_weight(w_gate: torch.Tensor, w_up: torch.Tensor) -> torch.Tensor:
         ref_g, ref_u, versions, packed = entry
         if ref_g() is w_gate and ref_u() is w_up and versions == (w_gate._version, w_up._version):
             return packed
+        # Stale (a weight was updated in place, e.g. by an optimizer step): drop it before making
+        # the new copy, so that two copies never coexist.
+        del _cache[key], entry, packed
     with torch.no_grad():
         packed = _interleave(w_gate.detach(), w_up.detach())
     _cache[key] = (weakref.ref(w_gate, lambda _: _cache.pop(key, None)), weakref.ref(w_up),
