@@ -26,7 +26,7 @@ for phase in "$@"; do
       $FG stage >> "$OUT/build.log" 2>&1
       ls -la build/*/ >> "$OUT/build.log"
       so=$(ls build/torch211-*/*.so 2>/dev/null | head -1)
-      [ -n "$so" ] && cuobjdump --dump-sass "$so" 2>/dev/null | grep -E "HGMMA|UTMALDG" | sort | uniq -c | sort -rn | head -8 > "$OUT/sass_hgmma.txt"
+      [ -n "$so" ] && cuobjdump --dump-sass "$so" 2>/dev/null | grep -oE "(HGMMA|UTMALDG|UTMASTG)\.[0-9A-Za-z_.x]+" | sort | uniq -c | sort -rn > "$OUT/sass_hgmma.txt"
       tar czf "$OUT/build-cu.tgz" build/torch211-* build/torch-cuda 2>/dev/null
       summary+=("build rc=$rc $(($(date +%s)-start))s so=$(du -h ${so:-/dev/null} | cut -f1) hgmma_lines=$(wc -l < "$OUT/sass_hgmma.txt" 2>/dev/null)")
       ;;
