@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import importlib
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -149,3 +151,18 @@ def test_env_var_forces_backend(kernel, device, monkeypatch):
     monkeypatch.setenv("FUSED_GEGLU_BACKEND", "torch")
     kernel.geglu(g, g)
     assert kernel.last_backend("geglu") == "torch"
+
+
+@pytest.mark.parametrize("backend", ["cuda", "triton", "torch"])
+@pytest.mark.parametrize("shape", [(7, 33), (64, 1001), (8, 2048)], ids=str)
+def test_forward_may_write_over_gate(kernel, device, backend, shape):
+    """The inference MLP writes h over gate on these backends (mlp._H_OVER_GATE): the forward
+    pointwise with out aliasing gate must give what it gives into a separate buffer, bit for bit."""
+    _skip_unless(kernel, device, backend, torch.float32)
+    geglu_impl = importlib.import_module(kernel.__name__ + ".geglu")
+    assert backend in importlib.import_module(kernel.__name__ + ".mlp")._H_OVER_GATE
+    gate, up = randn(*shape, device=device), randn(*shape, device=device)
+    separate = torch.empty_like(gate)
+    geglu_impl._fwd_into(separate, gate, up, "tanh", backend)
+    geglu_impl._fwd_into(gate, gate, up, "tanh", backend)
+    assert torch.equal(gate, separate)
