@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import hashlib
 import os
-import shutil
 import subprocess
 import tempfile
 from dataclasses import dataclass
@@ -57,13 +56,13 @@ def source_identity(root: Path, fallback_paths: list[Path] | None = None) -> Sou
     except subprocess.CalledProcessError:  # no commit yet
         commit, head_tree = None, None
     with tempfile.TemporaryDirectory() as tmp:
-        index = Path(tmp) / "index"
-        real_index = Path(_git(root, "rev-parse", "--git-path", "index"))
-        if not real_index.is_absolute():
-            real_index = root / real_index
-        if real_index.exists():
-            shutil.copy(real_index, index)
-        env = {**os.environ, "GIT_INDEX_FILE": str(index)}
+        # A scratch index filled from HEAD's tree carries no stat data, so `add -A` hashes every
+        # file's content. A copy of the real index would let git trust matching size and mtime,
+        # and a file rewritten within the filesystem's timestamp granularity with the same size
+        # would then read as unchanged (seen in CI: a racy clean).
+        env = {**os.environ, "GIT_INDEX_FILE": str(Path(tmp) / "index")}
+        if head_tree is not None:
+            _git(root, "read-tree", head_tree, env=env)
         _git(root, "add", "-A", env=env)
         tree = _git(root, "write-tree", env=env)
     dirty = tree != head_tree
