@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import importlib
 
 import pytest
 import torch
@@ -252,6 +253,41 @@ def test_geglu_mlp_sm90_training(kernel, device, monkeypatch, tile, dtype, appro
     y = kernel.geglu_mlp(x, *params, approximate=approximate, backend="cuda")
     assert kernel.last_backend("geglu_mlp") == "cuda:sm90"
     _assert_output_and_grads(kernel, y, [x, *params], approximate, f"geglu_mlp sm90 {tile} training")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("tile", SM90_TILES)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+@pytest.mark.parametrize("order", ["gate_first", "up_first"])
+@pytest.mark.parametrize("train", [False, True], ids=["inference", "training"])
+def test_geglu_mlp_sm90_split_weights(kernel, device, monkeypatch, tile, dtype, order, train):
+    """EXPERIMENTAL copy-free gate+up GEMM ($FUSED_GEGLU_SM90_SPLIT=1): w_gate and w_up read where
+    they are (one TMA view over both allocations). Both address orders (the kernel puts the lower
+    one first), M and I not multiples of the tile, biases, and for training all seven gradients."""
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("the CUTLASS gate+up GEMM is sm_90 only")
+    monkeypatch.setenv("FUSED_GEGLU_SM90_SPLIT", "1")
+    monkeypatch.setenv("FUSED_GEGLU_SM90_TILE", tile)
+    m, h, i = 333, 264, 392
+    buf = randn(2 * i, h, dtype=dtype, device=device, scale=h**-0.5)
+    first, second = buf[:i].detach(), buf[i:].detach()
+    wg, wu = (first, second) if order == "gate_first" else (second, first)
+    wd = randn(h, i, dtype=dtype, device=device, scale=i**-0.5)
+    bg, bu, bd = (randn(n, dtype=dtype, device=device, scale=0.5) for n in (i, i, h))
+    params = [wg, wu, wd, bg, bu, bd]
+    for p in params:
+        p.requires_grad_(train)
+    x = randn(m, h, dtype=dtype, device=device, requires_grad=train)
+    sm90 = importlib.import_module(kernel.__name__ + ".sm90_weights")
+    with contextlib.nullcontext() if train else torch.no_grad():
+        y = kernel.geglu_mlp(x, *params, approximate="tanh", backend="cuda")
+    assert kernel.last_backend("geglu_mlp") == "cuda:sm90"
+    assert (id(wg), id(wu)) not in sm90._cache, "the split path must not make an interleaved copy"
+    if train:
+        _assert_output_and_grads(kernel, y, [x, *params], "tanh", f"split {tile} {order}")
+    else:
+        ref = kernel.reference.geglu_mlp_ref(x, *params, approximate="tanh")
+        assert_close(y, ref, _eager(x, *params, "tanh"), f"split {tile} {order}")
 
 
 def _assert_output_and_grads(kernel, y, leaves, approximate, what):

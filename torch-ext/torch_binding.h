@@ -48,6 +48,14 @@ void geglu_gateup_sm90(at::Tensor &h_out, at::Tensor const &x, at::Tensor const 
                        std::optional<at::Tensor> const &gate_out,
                        std::optional<at::Tensor> const &up_out, int64_t tile, int64_t swizzle,
                        int64_t raster);
+// The same GEMM over w_gate[I,H] and w_up[I,H] where they are (EXPERIMENTAL, no interleaved copy;
+// kernel_src/gemm_sm90/split_weight_mainloop.cuh); b_gate / b_up [I], both or neither.
+void geglu_gateup_split_sm90(at::Tensor &h_out, at::Tensor const &x, at::Tensor const &w_gate,
+                             at::Tensor const &w_up, std::optional<at::Tensor> const &b_gate,
+                             std::optional<at::Tensor> const &b_up, int64_t approximate,
+                             std::optional<at::Tensor> const &gate_out,
+                             std::optional<at::Tensor> const &up_out, int64_t tile, int64_t swizzle,
+                             int64_t raster);
 // sm90a CUTLASS GEMM dh = dy @ w_down with the GeGLU-backward epilogue (kernel_src/gemm_sm90/
 // geglu_dh_sm90.h): gate <- dgate, up <- dup in place, h_out = gelu(gate) * up.
 void geglu_dh_sm90(at::Tensor &gate, at::Tensor &up, at::Tensor &h_out, at::Tensor const &dy,

@@ -54,6 +54,10 @@ struct GateUpArgs {
   // Timing only ($FUSED_GEGLU_SM90_DIAG_NO_EPILOGUE=1): the epilogue returns at once and h is left
   // unwritten, so the mainloop's time can be told apart from the epilogue's.
   int skip_epilogue = 0;
+  // Split weights (launch_geglu_gateup_split, EXPERIMENTAL): w is w_gate [I, H] and w_up its
+  // partner, same row stride ldw; bias is b_gate [I] and bias_up b_up [I]. No interleaved copy.
+  const void *w_up = nullptr;
+  const void *bias_up = nullptr;
 };
 
 // Tile configurations (few on purpose: each is a separate heavy instantiation).
@@ -66,6 +70,9 @@ struct GateUpArgs {
 enum class TileCfg : int { k128x128 = 0, k128x256 = 1, k128x128pp = 2, k256x128 = 3, k128x192pp = 4 };
 
 // Defined in the per-dtype TUs. Return a message on failure, nullptr on success.
+// launch_geglu_gateup_split reads w_gate and w_up in place (split_weight_mainloop.cuh).
+template <class Element, TileCfg Cfg>
+const char *launch_geglu_gateup_split(GateUpArgs const &args);
 template <class Element, TileCfg Cfg>
 const char *launch_geglu_gateup(GateUpArgs const &args);
 template <class Element, TileCfg Cfg>

@@ -4,6 +4,7 @@
 
 #include "geglu_gateup_sm90.h"
 #include "sm90_common.cuh"
+#include "split_weight_mainloop.cuh"
 
 namespace fused_geglu_sm90 {
 
@@ -15,7 +16,10 @@ namespace detail {
 // scattered over 8 rows per warp instruction (8 L1 wavefronts each), which the cooperative tiles
 // pay in full because their epilogue does not overlap a mainloop. Sm90TmaWarpSpecializedAdapter
 // turns the collective into a warp-specialised epilogue the kernel schedules accept.
-template <class Element_, class TileShape_, int kThreads_>
+// kSplitB: the B tile is [BN/2 rows of the first weight; the same rows of the second]
+// (split_weight_mainloop.cuh), so gate column n pairs with up column n + BN/2; otherwise the
+// 8-row interleave of geglu_gateup_sm90.h (gate chunk k with up chunk k + 1).
+template <class Element_, class TileShape_, int kThreads_, bool kSplitB_ = false>
 class GegluEpilogue {
  public:
   using Element = Element_;
@@ -34,6 +38,7 @@ class GegluEpilogue {
   // with the row pitch = 4 banks (mod 32) those land in 32 distinct banks; 16-byte reads stay aligned.
   static constexpr int kLd = kHalf + 8;
   static constexpr int kThreads = kThreads_;  // the consumer threads that run this epilogue together
+  static constexpr bool kSplitB = kSplitB_;
   static_assert(kHalf % 16 == 0, "the staged tile must hold whole 16-column pairs");
   static_assert((kLd * int(sizeof(Element)) / 4) % 8 == 4, "staged row pitch must be an odd multiple of 4 banks");
 
@@ -48,7 +53,9 @@ class GegluEpilogue {
     int64_t ldg = 0;
     Element *up = nullptr;
     int64_t ldu = 0;
-    Element const *bias = nullptr;  // may be null
+    Element const *bias = nullptr;  // may be null; [2I] interleaved, or b_gate [I] when kSplitB
+    Element const *bias_up = nullptr;  // kSplitB only: b_up [I] (non-null when bias is)
+    int gate_second = 0;  // kSplitB only: the tile's first half is up (w_up sits below w_gate)
     int approximate = 0;
     int skip = 0;  // timing only: leave the outputs unwritten ($FUSED_GEGLU_SM90_DIAG_NO_EPILOGUE)
   };
@@ -106,45 +113,71 @@ class GegluEpilogue {
     // column n of the tile (with its up column n + 8) to output column (n / 16) * 8 + n % 16.
     // The output, the GELU flavour and whether there is a bias are compile-time here, so the
     // unrolled loop is one basic block (see gelu<> in sm90_common.cuh).
-    auto pass = [&](auto which_c, auto tanh_c, auto bias_c, Element *dst, int64_t ld) {
+    auto pass = [&](auto which_c, auto tanh_c, auto bias_c, auto swap_c, Element *dst, int64_t ld) {
       constexpr int kWhich = decltype(which_c)::value;
       constexpr bool kTanh = decltype(tanh_c)::value;
       constexpr bool kBias = decltype(bias_c)::value;
+      constexpr bool kSwap = decltype(swap_c)::value;
       cutlass::arch::NamedBarrier::arrive_and_wait(kThreads, kBarrier);  // the last pass's reads are done
+      // One accumulator pair: gate columns (n, n+1) of chunk kg and up columns of chunk ku, rows
+      // m and m + 8, into staged column j.
+      auto stage_pair = [&](int mi, int ni, int kg, int ku, int j, float bg0, float bg1, float bu0, float bu1) {
+        CUTLASS_PRAGMA_UNROLL
+        for (int r = 0; r < 2; ++r) {
+          const int m = int(get<0>(tCcD(make_coord(make_coord(0, r, kg), mi, ni))));
+          const float g0 = accumulators(make_coord(make_coord(0, r, kg), mi, ni)) + bg0;
+          const float g1 = accumulators(make_coord(make_coord(1, r, kg), mi, ni)) + bg1;
+          const float u0 = accumulators(make_coord(make_coord(0, r, ku), mi, ni)) + bu0;
+          const float u1 = accumulators(make_coord(make_coord(1, r, ku), mi, ni)) + bu1;
+          V2T out;
+          if constexpr (kWhich == 0) {
+            out = V2::pack(gelu<kTanh>(g0) * u0, gelu<kTanh>(g1) * u1);
+          } else if constexpr (kWhich == 1) {
+            out = V2::pack(g0, g1);
+          } else {
+            out = V2::pack(u0, u1);
+          }
+          *reinterpret_cast<V2T *>(stage + m * kLd + j) = out;
+        }
+      };
       CUTLASS_PRAGMA_UNROLL
       for (int mi = 0; mi < kMmaM; ++mi) {
         CUTLASS_PRAGMA_UNROLL
         for (int ni = 0; ni < kMmaN; ++ni) {
-          CUTLASS_PRAGMA_UNROLL
-          for (int k = 0; k < kChunks; k += 2) {
-            // Gate columns (n, n+1) of chunk k, rows m and m+8; up columns n+8, n+9 of chunk k+1.
-            const int n = int(get<1>(tCcD(make_coord(make_coord(0, 0, k), mi, ni))));
-            const int j = (n >> 4) * 8 + (n & 15);
-            float bg0 = 0.f, bg1 = 0.f, bu0 = 0.f, bu1 = 0.f;
-            if constexpr (kBias) {
-              // Columns past N (a partial last tile) are computed but never stored; pointing
-              // their loads at the first 16-column group keeps them in bounds without a branch.
-              const int nb = n0 + n < N ? n0 + n : (n & 15);
-              const float2 bg = V2::unpack(*reinterpret_cast<V2T const *>(params.bias + nb));
-              const float2 bu = V2::unpack(*reinterpret_cast<V2T const *>(params.bias + nb + 8));
-              bg0 = bg.x; bg1 = bg.y; bu0 = bu.x; bu1 = bu.y;
-            }
-            CUTLASS_PRAGMA_UNROLL
-            for (int r = 0; r < 2; ++r) {
-              const int m = int(get<0>(tCcD(make_coord(make_coord(0, r, k), mi, ni))));
-              const float g0 = accumulators(make_coord(make_coord(0, r, k), mi, ni)) + bg0;
-              const float g1 = accumulators(make_coord(make_coord(1, r, k), mi, ni)) + bg1;
-              const float u0 = accumulators(make_coord(make_coord(0, r, k + 1), mi, ni)) + bu0;
-              const float u1 = accumulators(make_coord(make_coord(1, r, k + 1), mi, ni)) + bu1;
-              V2T out;
-              if constexpr (kWhich == 0) {
-                out = V2::pack(gelu<kTanh>(g0) * u0, gelu<kTanh>(g1) * u1);
-              } else if constexpr (kWhich == 1) {
-                out = V2::pack(g0, g1);
-              } else {
-                out = V2::pack(u0, u1);
+          if constexpr (kSplitB) {
+            static_assert(kMmaN == 1, "the split pairing assumes one MMA atom spans the tile's N");
+            constexpr int kHalfChunks = kChunks / 2;
+            // for_each over a compile-time sequence: the accumulator indices must be constants
+            // (a loop the compiler declined to unroll would move the accumulators to the stack).
+            cute::for_each(cute::make_int_sequence<kHalfChunks>{}, [&](auto k_c) {
+              constexpr int k = decltype(k_c)::value;
+              const int n = int(get<1>(tCcD(make_coord(make_coord(0, 0, k), mi, ni))));  // < kHalf
+              float bg0 = 0.f, bg1 = 0.f, bu0 = 0.f, bu1 = 0.f;
+              if constexpr (kBias) {
+                const int nb = n0 / 2 + n < N / 2 ? n0 / 2 + n : 0;  // past I: never stored
+                const float2 bg = V2::unpack(*reinterpret_cast<V2T const *>(params.bias + nb));
+                const float2 bu = V2::unpack(*reinterpret_cast<V2T const *>(params.bias_up + nb));
+                bg0 = bg.x; bg1 = bg.y; bu0 = bu.x; bu1 = bu.y;
               }
-              *reinterpret_cast<V2T *>(stage + m * kLd + j) = out;
+              // Which half holds gate follows from the two allocations' order (kSwap).
+              stage_pair(mi, ni, kSwap ? k + kHalfChunks : k, kSwap ? k : k + kHalfChunks, n, bg0, bg1, bu0,
+                         bu1);
+            });
+          } else {
+            CUTLASS_PRAGMA_UNROLL
+            for (int k = 0; k < kChunks; k += 2) {
+              // Gate columns (n, n+1) of chunk k; up columns n+8, n+9 of chunk k+1.
+              const int n = int(get<1>(tCcD(make_coord(make_coord(0, 0, k), mi, ni))));
+              float bg0 = 0.f, bg1 = 0.f, bu0 = 0.f, bu1 = 0.f;
+              if constexpr (kBias) {
+                // Columns past N (a partial last tile) are computed but never stored; pointing
+                // their loads at the first 16-column group keeps them in bounds without a branch.
+                const int nb = n0 + n < N ? n0 + n : (n & 15);
+                const float2 bg = V2::unpack(*reinterpret_cast<V2T const *>(params.bias + nb));
+                const float2 bu = V2::unpack(*reinterpret_cast<V2T const *>(params.bias + nb + 8));
+                bg0 = bg.x; bg1 = bg.y; bu0 = bu.x; bu1 = bu.y;
+              }
+              stage_pair(mi, ni, k, k + 1, (n >> 4) * 8 + (n & 15), bg0, bg1, bu0, bu1);
             }
           }
         }
@@ -160,14 +193,21 @@ class GegluEpilogue {
       }
     };
 
-    with_flag(params.bias != nullptr, [&](auto bias_c) {
-      with_flag(params.approximate != 0,
-                [&](auto tanh_c) { pass(Int<0>{}, tanh_c, bias_c, params.h, params.ldh); });
-      if (params.gate != nullptr) {
-        pass(Int<1>{}, cute::false_type{}, bias_c, params.gate, params.ldg);
-        pass(Int<2>{}, cute::false_type{}, bias_c, params.up, params.ldu);
-      }
-    });
+    auto all_passes = [&](auto swap_c) {
+      with_flag(params.bias != nullptr, [&](auto bias_c) {
+        with_flag(params.approximate != 0,
+                  [&](auto tanh_c) { pass(Int<0>{}, tanh_c, bias_c, swap_c, params.h, params.ldh); });
+        if (params.gate != nullptr) {
+          pass(Int<1>{}, cute::false_type{}, bias_c, swap_c, params.gate, params.ldg);
+          pass(Int<2>{}, cute::false_type{}, bias_c, swap_c, params.up, params.ldu);
+        }
+      });
+    };
+    if constexpr (kSplitB) {
+      with_flag(params.gate_second != 0, all_passes);
+    } else {
+      all_passes(cute::false_type{});
+    }
   }
 
  private:
@@ -227,7 +267,55 @@ struct GateUpKernel {
   static const char *launch(GateUpArgs const &a) { return G::launch(make_args(a), a.workspace, a.stream); }
 };
 
+template <class Mainloop>
+struct SplitWeights {
+  using type = SplitWeightMainloop<Mainloop>;
+};
+
+// The same tiles over w_gate and w_up in place (no interleaved copy).
+template <class Element, TileCfg Cfg>
+struct GateUpSplitKernel {
+  using Base = GateUpKernel<Element, Cfg>;
+  using TileShape = typename Base::TileShape;
+  using Epi = GegluEpilogue<Element, TileShape, Base::kPingpong ? 128 : 256, true>;
+  using G = Sm90Gemm<Element, cutlass::layout::ColumnMajor, TileShape, typename Base::ClusterShape,
+                     typename Base::Schedule, Epi, SplitWeights>;
+  using Gemm = typename G::Gemm;
+  using Kernel = typename G::Kernel;
+  using Mainloop = typename G::CollectiveMainloop;
+
+  static typename Gemm::Arguments make_args(GateUpArgs const &a) {
+    using StrideA = typename Kernel::StrideA;
+    StrideA sa{};
+    cute::get<0>(sa) = a.ldx;
+    const bool gate_second = a.w_up < a.w;  // TMA strides are unsigned: the lower address is "first"
+    auto const *first = static_cast<Element const *>(gate_second ? a.w_up : a.w);
+    auto const *second = static_cast<Element const *>(gate_second ? a.w : a.w_up);
+    typename Mainloop::Arguments ml{static_cast<Element const *>(a.x), sa, first, a.ldw, int64_t(second - first)};
+    typename Epi::Arguments epi;
+    epi.h = static_cast<Element *>(a.h);
+    epi.ldh = a.ldh;
+    epi.gate = static_cast<Element *>(a.gate);
+    epi.ldg = a.ldg;
+    epi.up = static_cast<Element *>(a.up);
+    epi.ldu = a.ldu;
+    epi.bias = static_cast<Element const *>(a.bias);
+    epi.bias_up = static_cast<Element const *>(a.bias_up);
+    epi.gate_second = gate_second;
+    epi.approximate = a.approximate;
+    epi.skip = a.skip_epilogue;
+    return G::arguments(a.M, a.N2, a.K, ml, epi, a.device, a.sm_count, a.swizzle, a.raster);
+  }
+
+  static const char *launch(GateUpArgs const &a) { return G::launch(make_args(a), a.workspace, a.stream); }
+};
+
 }  // namespace detail
+
+template <class Element, TileCfg Cfg>
+const char *launch_geglu_gateup_split(GateUpArgs const &a) {
+  return detail::GateUpSplitKernel<Element, Cfg>::launch(a);
+}
 
 template <class Element, TileCfg Cfg>
 const char *launch_geglu_gateup(GateUpArgs const &a) {

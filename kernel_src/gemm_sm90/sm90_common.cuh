@@ -86,41 +86,58 @@ __device__ __forceinline__ void with_flag(bool flag, F &&f) {
 // epilogue collective that Sm90TmaWarpSpecializedAdapter makes acceptable to the kernel schedules.
 // A is [M, K] K-major (row-major); LayoutB says how B is stored (ColumnMajor: [N, K] row-major,
 // RowMajor: [K, N] row-major).
-template <class Element, class LayoutB, class TileShape, class ClusterShape, class Schedule, class Epi>
+template <class Mainloop>
+struct BuilderMainloop {
+  using type = Mainloop;
+};
+
+template <class Element, class LayoutB, class TileShape, class ClusterShape, class Schedule, class Epi,
+          template <class> class WrapMainloop = BuilderMainloop>
 struct Sm90Gemm {
   static constexpr int kAlign = 16 / sizeof(Element);
   using CollectiveEpilogue = cutlass::epilogue::collective::detail::Sm90TmaWarpSpecializedAdapter<Epi>;
-  using CollectiveMainloop = typename cutlass::gemm::collective::CollectiveBuilder<
+  // The builder's mainloop, or a collective derived from it (WrapMainloop<...>::type).
+  using BuiltMainloop = typename cutlass::gemm::collective::CollectiveBuilder<
       cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, Element, cutlass::layout::RowMajor, kAlign,
       Element, LayoutB, kAlign, float, TileShape, ClusterShape,
       cutlass::gemm::collective::StageCountAutoCarveout<
           static_cast<int>(sizeof(typename CollectiveEpilogue::SharedStorage) +
                            sizeof(typename CollectiveEpilogue::PipelineStorage))>,
       Schedule>::CollectiveOp;
+  using CollectiveMainloop = typename WrapMainloop<BuiltMainloop>::type;
   using Kernel = cutlass::gemm::kernel::GemmUniversal<cute::Shape<int, int, int, int>,
                                                       CollectiveMainloop, CollectiveEpilogue>;
   using Gemm = cutlass::gemm::device::GemmUniversalAdapter<Kernel>;
 
-  // The launch arguments of C[M, N] = A[M, K] B with the epilogue's own arguments; the tile
-  // scheduler order is swizzle 1/2/4/8 and raster 0 heuristic, 1 along M, 2 along N.
+  // The launch arguments of C[M, N] = A[M, K] B with the mainloop's and the epilogue's own
+  // arguments; the tile scheduler order is swizzle 1/2/4/8 and raster 0 heuristic, 1 along M, 2
+  // along N.
+  template <class EpiArgs>
+  static typename Gemm::Arguments arguments(int64_t M, int64_t N, int64_t K,
+                                            typename CollectiveMainloop::Arguments const &mainloop,
+                                            EpiArgs const &epi, int device, int sm_count, int swizzle,
+                                            int raster) {
+    cutlass::KernelHardwareInfo hw;
+    hw.device_id = device;
+    hw.sm_count = sm_count;
+    typename Gemm::Arguments args{cutlass::gemm::GemmUniversalMode::kGemm, {int(M), int(N), int(K), 1}, mainloop,
+                                  epi, hw};
+    using Raster = cutlass::gemm::kernel::detail::RasterOrderOptions;
+    args.scheduler.max_swizzle_size = swizzle;
+    args.scheduler.raster_order = raster == 1 ? Raster::AlongM : raster == 2 ? Raster::AlongN : Raster::Heuristic;
+    return args;
+  }
+
+  // The builder's mainloop: A and B from pointers and strides.
   template <class EpiArgs>
   static typename Gemm::Arguments arguments(int64_t M, int64_t N, int64_t K, void const *a,
                                             typename Kernel::StrideA sa, void const *b,
                                             typename Kernel::StrideB sb, EpiArgs const &epi,
                                             int device, int sm_count, int swizzle, int raster) {
-    cutlass::KernelHardwareInfo hw;
-    hw.device_id = device;
-    hw.sm_count = sm_count;
-    typename Gemm::Arguments args{
-        cutlass::gemm::GemmUniversalMode::kGemm,
-        {int(M), int(N), int(K), 1},
-        {static_cast<Element const *>(a), sa, static_cast<Element const *>(b), sb},
-        epi,
-        hw};
-    using Raster = cutlass::gemm::kernel::detail::RasterOrderOptions;
-    args.scheduler.max_swizzle_size = swizzle;
-    args.scheduler.raster_order = raster == 1 ? Raster::AlongM : raster == 2 ? Raster::AlongN : Raster::Heuristic;
-    return args;
+    return arguments(M, N, K,
+                     typename CollectiveMainloop::Arguments{static_cast<Element const *>(a), sa,
+                                                            static_cast<Element const *>(b), sb},
+                     epi, device, sm_count, swizzle, raster);
   }
 
   static const char *launch(typename Gemm::Arguments const &args, void *workspace, cudaStream_t stream) {

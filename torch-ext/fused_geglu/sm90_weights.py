@@ -89,9 +89,29 @@ def gateup_sm90(ops, x2, w_gate, w_up, b_gate, b_up, approximate: str, launch: s
     h_out = torch.empty((m, i), dtype=x2.dtype, device=x2.device)
     gate = torch.empty_like(h_out) if save_preact else None
     up = torch.empty_like(h_out) if save_preact else None
-    ops.geglu_gateup_sm90(h_out, x2, gateup_weight(w_gate, w_up), _interleave_bias(b_gate, b_up),
-                          0 if approximate == "none" else 1, gate, up, *parse_launch(launch))
+    approx = 0 if approximate == "none" else 1
+    if _split_weights(ops, w_gate, w_up):
+        # EXPERIMENTAL ($FUSED_GEGLU_SM90_SPLIT=1): the weights where they are, no interleaved copy.
+        if b_gate is None and b_up is not None:
+            b_gate = torch.zeros_like(b_up)
+        if b_up is None and b_gate is not None:
+            b_up = torch.zeros_like(b_gate)
+        ops.geglu_gateup_split_sm90(h_out, x2, w_gate, w_up, b_gate, b_up, approx, gate, up, *parse_launch(launch))
+    else:
+        ops.geglu_gateup_sm90(h_out, x2, gateup_weight(w_gate, w_up), _interleave_bias(b_gate, b_up), approx,
+                              gate, up, *parse_launch(launch))
     return h_out, gate, up
+
+
+def _split_weights(ops, w_gate: torch.Tensor, w_up: torch.Tensor) -> bool:
+    """Whether to run the copy-free gate+up GEMM (``geglu_gateup_split_sm90``): opt-in with
+    ``$FUSED_GEGLU_SM90_SPLIT=1`` while it is unmeasured, and only where its one TMA view of both
+    weights exists (same row stride, 16-byte aligned, at most 2^40 bytes apart)."""
+    if os.environ.get("FUSED_GEGLU_SM90_SPLIT", "0") != "1" or not hasattr(ops, "geglu_gateup_split_sm90"):
+        return False
+    return (w_gate.stride(1) == 1 and w_up.stride(1) == 1 and w_gate.stride(0) == w_up.stride(0)
+            and w_gate.stride(0) % 8 == 0 and w_gate.data_ptr() % 16 == 0 and w_up.data_ptr() % 16 == 0
+            and abs(w_up.data_ptr() - w_gate.data_ptr()) < (1 << 40))
 
 
 def dh_usable(dy: torch.Tensor, w_down: torch.Tensor, gate: torch.Tensor, up: torch.Tensor) -> bool:
