@@ -6,6 +6,8 @@ events, medians over many calls, inputs rotated over enough sets to exceed the L
   pointwise  geglu fwd / bwd / bwd_inplace, CUDA vs Triton vs torch.compile, as % of copy bandwidth
   sm90       the CUTLASS gate+up GEMM per tile x scheduler order vs one cuBLAS GEMM over [w_gate; w_up]
   mlptrain   training step with the backward's dh as cuBLAS + pointwise or the sm90 dGeGLU GEMM
+  split      the copy-free gate+up GEMM (w_gate, w_up where they are) vs the interleaved one, alone,
+             in the MLP forward and in a training step
   mlpfwd     whole-MLP inference forward: cuBLAS + pointwise vs the CUTLASS path at candidate launches,
              compile, eager, in interleaved rounds (what policy_sm90.json's geglu_mlp_sm90 rules cite)
   mlp        geglu_mlp forward and training step, ours (cuda, triton) vs eager and compile, with
@@ -270,6 +272,105 @@ def mlpfwd(k, ops, rows: list, rounds: int = 3) -> None:
                 rows.append({"section": "mlpfwd", "shape": name, "M": m, "impl": impl, "us": t, "rounds": rounds})
             del xs
         del mod, comp
+        torch.cuda.empty_cache()
+
+
+# The copy-free gate+up GEMM (geglu_gateup_split_sm90) against the interleaved one, per tile.
+SPLIT_LAUNCHES = (("128x128pp", "1"), ("128x128pp", "4"), ("128x192pp", "1"), ("128x256", "4"),
+                  ("128x256", "8"), ("256x128", "8"))
+
+
+def split(k, ops, rows: list, rounds: int = 3) -> None:
+    """The copy-free gate+up GEMM (w_gate, w_up read where they are) against the interleaved one at
+    the same launch: gate+up alone, then the whole-MLP inference forward ($FUSED_GEGLU_SM90_SPLIT=1)
+    and a training step with its forward through either (weights' versions bumped per step, so the
+    interleaved path remakes its copy as under an optimizer), beside cuBLAS + pointwise and compile."""
+    dt = torch.bfloat16
+    for name, (h, i) in SHAPES.items():
+        mod = EagerMLP(h, i).to("cuda", dt)
+        comp = torch.compile(mod, dynamic=False)
+        wg, wu, wd = mod.gate_proj.weight, mod.up_proj.weight, mod.down_proj.weight
+        w = interleave(wg.detach(), wu.detach())
+        for m in (1024, 8192):
+            sets = n_sets(m * h * 2 * 2 + 5 * m * i * 2)
+            xs = [torch.randn(m, h, device="cuda", dtype=dt) for _ in range(sets)]
+            dys = [torch.randn(m, h, device="cuda", dtype=dt) for _ in range(sets)]
+            hs = [torch.empty(m, i, device="cuda", dtype=dt) for _ in range(sets)]
+            flops = 2.0 * m * h * 2 * i
+            gu = {}
+            for tile, swz in SPLIT_LAUNCHES:
+                def inter(j, tile=tile, swz=swz):
+                    _sm90_env(tile, swz)
+                    ops.geglu_gateup_sm90(hs[j], xs[j], w, None, 1, None, None)
+
+                def two(j, tile=tile, swz=swz):
+                    _sm90_env(tile, swz)
+                    ops.geglu_gateup_split_sm90(hs[j], xs[j], wg, wu, None, None, 1, None, None)
+                gu[f"gateup interleaved {tile}/s{swz}"] = inter
+                gu[f"gateup split {tile}/s{swz}"] = two
+            ref = F.gelu(xs[0].float() @ wg.float().t(), approximate="tanh") * (xs[0].float() @ wu.float().t())
+            with torch.no_grad():
+                for impl, fn in gu.items():
+                    if "split" in impl:
+                        fn(0)
+                        err = float((hs[0].float() - ref).norm() / ref.norm())
+                        rows.append({"section": "split", "shape": name, "M": m, "impl": f"check {impl}",
+                                     "rel_err": err})
+                times = time_rounds(gu, sets, rounds, 12 if m == 8192 else 40)
+            for impl, t in times.items():
+                rows.append({"section": "split", "shape": name, "M": m, "impl": impl, "us": t,
+                             "tflops": flops / t / 1e6, "rounds": rounds})
+            _sm90_env_clear()
+
+            def mlp_fwd(j, launch, split_on):
+                os.environ["FUSED_GEGLU_SM90_MLP"] = launch
+                os.environ["FUSED_GEGLU_SM90_SPLIT"] = "1" if split_on else "0"
+                try:
+                    return k.geglu_mlp(xs[j], wg, wu, wd, approximate="tanh", backend="cuda")
+                finally:
+                    os.environ.pop("FUSED_GEGLU_SM90_MLP", None)
+                    os.environ.pop("FUSED_GEGLU_SM90_SPLIT", None)
+
+            fwd = {"compile": lambda j: comp(xs[j]), "cublas+pointwise": lambda j: mlp_fwd(j, "no", False)}
+            for tile, swz in SPLIT_LAUNCHES:
+                launch = f"{tile}/s{swz}"
+                fwd[f"mlpfwd interleaved {launch}"] = lambda j, launch=launch: mlp_fwd(j, launch, False)
+                fwd[f"mlpfwd split {launch}"] = lambda j, launch=launch: mlp_fwd(j, launch, True)
+            with torch.no_grad():
+                times = time_rounds(fwd, sets, rounds, 12 if m == 8192 else 40)
+            for impl, t in times.items():
+                rows.append({"section": "split", "what": "mlpfwd", "shape": name, "M": m, "impl": impl,
+                             "us": t, "rounds": rounds})
+
+            def step(j, launch, split_on):
+                for p in mod.parameters():
+                    torch.autograd.graph.increment_version(p)
+                os.environ["FUSED_GEGLU_SM90_MLP"] = launch
+                os.environ["FUSED_GEGLU_SM90_SPLIT"] = "1" if split_on else "0"
+                os.environ["FUSED_GEGLU_SM90_DH"] = "0"
+                try:
+                    x = xs[j].detach().requires_grad_()
+                    if launch == "compile":
+                        comp(x).backward(dys[j])
+                    else:
+                        k.geglu_mlp(x, wg, wu, wd, approximate="tanh").backward(dys[j])
+                finally:
+                    for v in ("FUSED_GEGLU_SM90_MLP", "FUSED_GEGLU_SM90_SPLIT", "FUSED_GEGLU_SM90_DH"):
+                        os.environ.pop(v, None)
+                    for p in mod.parameters():
+                        p.grad = None
+
+            train = {"compile": lambda j: step(j, "compile", False),
+                     "cublas+pointwise": lambda j: step(j, "no", False)}
+            for launch in ("128x128pp/s1", "128x192pp/s1", "128x256/s8", "256x128/s8"):
+                train[f"train interleaved {launch}"] = lambda j, launch=launch: step(j, launch, False)
+                train[f"train split {launch}"] = lambda j, launch=launch: step(j, launch, True)
+            times = time_rounds(train, sets, rounds, 6 if m == 8192 else 20)
+            for impl, t in times.items():
+                rows.append({"section": "split", "what": "train", "shape": name, "M": m, "impl": impl,
+                             "us": t, "rounds": rounds})
+            del xs, dys, hs
+        del mod, comp, w
         torch.cuda.empty_cache()
 
 

@@ -314,8 +314,8 @@ void geglu_gateup_split_sm90(at::Tensor &h_out, at::Tensor const &x, at::Tensor 
   }
   const int64_t delta_bytes = std::abs(static_cast<const char *>(w_up.data_ptr()) -
                                        static_cast<const char *>(w_gate.data_ptr()));
-  TORCH_CHECK(delta_bytes < (int64_t(1) << 40), "geglu_gateup_split_sm90: w_gate and w_up are ",
-              delta_bytes, " bytes apart; one TMA view spans at most 2^40");
+  TORCH_CHECK(delta_bytes > 0 && delta_bytes < (int64_t(1) << 40), "geglu_gateup_split_sm90: w_gate and w_up "
+              "are ", delta_bytes, " bytes apart; one TMA view needs two distinct tensors at most 2^40 apart");
 
   GateUpArgs a{};
   a.x = x.data_ptr();

@@ -106,12 +106,12 @@ def gateup_sm90(ops, x2, w_gate, w_up, b_gate, b_up, approximate: str, launch: s
 def _split_weights(ops, w_gate: torch.Tensor, w_up: torch.Tensor) -> bool:
     """Whether to run the copy-free gate+up GEMM (``geglu_gateup_split_sm90``): opt-in with
     ``$FUSED_GEGLU_SM90_SPLIT=1`` while it is unmeasured, and only where its one TMA view of both
-    weights exists (same row stride, 16-byte aligned, at most 2^40 bytes apart)."""
+    weights exists (same row stride, 16-byte aligned, distinct and at most 2^40 bytes apart)."""
     if os.environ.get("FUSED_GEGLU_SM90_SPLIT", "0") != "1" or not hasattr(ops, "geglu_gateup_split_sm90"):
         return False
     return (w_gate.stride(1) == 1 and w_up.stride(1) == 1 and w_gate.stride(0) == w_up.stride(0)
             and w_gate.stride(0) % 8 == 0 and w_gate.data_ptr() % 16 == 0 and w_up.data_ptr() % 16 == 0
-            and abs(w_up.data_ptr() - w_gate.data_ptr()) < (1 << 40))
+            and 0 < abs(w_up.data_ptr() - w_gate.data_ptr()) < (1 << 40))
 
 
 def dh_usable(dy: torch.Tensor, w_down: torch.Tensor, gate: torch.Tensor, up: torch.Tensor) -> bool:
