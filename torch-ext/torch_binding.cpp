@@ -32,15 +32,10 @@ TORCH_LIBRARY_EXPAND(TORCH_EXTENSION_NAME, ops) {
       "linear_lt_bwd_weight(Tensor(a!) dw, Tensor(b!)? db, Tensor grad_y, Tensor x) -> ()");
   ops.impl("linear_lt_bwd_weight", c10::kCUDA, &linear_lt_bwd_weight);
   ops.def(
-      "geglu_gateup_sm90(Tensor(a!) h_out, Tensor x, Tensor w_gateup, Tensor? b_gateup, "
-      "int approximate, Tensor(b!)? gate_out, Tensor(c!)? up_out, int tile=-1, int swizzle=1, "
-      "int raster=0) -> ()");
-  ops.impl("geglu_gateup_sm90", c10::kCUDA, &geglu_gateup_sm90);
-  ops.def(
-      "geglu_gateup_split_sm90(Tensor(a!) h_out, Tensor x, Tensor w_gate, Tensor w_up, Tensor? b_gate, "
+      "geglu_gateup_sm90(Tensor(a!) h_out, Tensor x, Tensor w_gate, Tensor w_up, Tensor? b_gate, "
       "Tensor? b_up, int approximate, Tensor(b!)? gate_out, Tensor(c!)? up_out, int tile=-1, "
       "int swizzle=1, int raster=0) -> ()");
-  ops.impl("geglu_gateup_split_sm90", c10::kCUDA, &geglu_gateup_split_sm90);
+  ops.impl("geglu_gateup_sm90", c10::kCUDA, &geglu_gateup_sm90);
   ops.def(
       "geglu_dh_sm90(Tensor(a!) gate, Tensor(b!) up, Tensor(c!) h_out, Tensor dy, Tensor w_down, "
       "int approximate, int swizzle=1, int raster=0) -> ()");

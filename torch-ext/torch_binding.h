@@ -37,25 +37,18 @@ void linear_lt(at::Tensor &out, at::Tensor const &x, at::Tensor const &weight,
 // dw (and db) in x's dtype or float32.
 void linear_lt_bwd_weight(at::Tensor &dw, std::optional<at::Tensor> const &db,
                           at::Tensor const &grad_y, at::Tensor const &x);
-// sm90a CUTLASS GEMM with a GeGLU epilogue: h_out[M,I] = gelu(gate) * up from one GEMM over the
-// 8-row-interleaved w_gateup[2I,H] (layout in kernel_src/gemm_sm90/geglu_gateup_sm90.h);
-// approximate 0 = erf, 1 = tanh; b_gateup[2I] interleaved the same way; gate_out / up_out [M,I]
-// (optional, for training) receive the two pre-activations, in the usual (not interleaved) order.
+// sm90a CUTLASS GEMM with a GeGLU epilogue: h_out[M,I] = gelu(x w_gate^T + b_gate) * (x w_up^T + b_up)
+// from one GEMM that reads w_gate[I,H] and w_up[I,H] where they are (kernel_src/gemm_sm90/
+// geglu_gateup_sm90.h); approximate 0 = erf, 1 = tanh; b_gate / b_up [I], both or neither;
+// gate_out / up_out [M,I] (optional, for training) receive the two pre-activations.
 // tile: a TileCfg index (-1: the op's own size heuristic); swizzle 1/2/4/8 and raster 0/1/2 (heuristic,
 // along M, along N) order the persistent tile scheduler. The caller's measured policy picks them.
-void geglu_gateup_sm90(at::Tensor &h_out, at::Tensor const &x, at::Tensor const &w_gateup,
-                       std::optional<at::Tensor> const &b_gateup, int64_t approximate,
+void geglu_gateup_sm90(at::Tensor &h_out, at::Tensor const &x, at::Tensor const &w_gate,
+                       at::Tensor const &w_up, std::optional<at::Tensor> const &b_gate,
+                       std::optional<at::Tensor> const &b_up, int64_t approximate,
                        std::optional<at::Tensor> const &gate_out,
                        std::optional<at::Tensor> const &up_out, int64_t tile, int64_t swizzle,
                        int64_t raster);
-// The same GEMM over w_gate[I,H] and w_up[I,H] where they are (EXPERIMENTAL, no interleaved copy;
-// kernel_src/gemm_sm90/split_weight_mainloop.cuh); b_gate / b_up [I], both or neither.
-void geglu_gateup_split_sm90(at::Tensor &h_out, at::Tensor const &x, at::Tensor const &w_gate,
-                             at::Tensor const &w_up, std::optional<at::Tensor> const &b_gate,
-                             std::optional<at::Tensor> const &b_up, int64_t approximate,
-                             std::optional<at::Tensor> const &gate_out,
-                             std::optional<at::Tensor> const &up_out, int64_t tile, int64_t swizzle,
-                             int64_t raster);
 // sm90a CUTLASS GEMM dh = dy @ w_down with the GeGLU-backward epilogue (kernel_src/gemm_sm90/
 // geglu_dh_sm90.h): gate <- dgate, up <- dup in place, h_out = gelu(gate) * up.
 void geglu_dh_sm90(at::Tensor &gate, at::Tensor &up, at::Tensor &h_out, at::Tensor const &dy,

@@ -6,8 +6,6 @@ events, medians over many calls, inputs rotated over enough sets to exceed the L
   pointwise  geglu fwd / bwd / bwd_inplace, CUDA vs Triton vs torch.compile, as % of copy bandwidth
   sm90       the CUTLASS gate+up GEMM per tile x scheduler order vs one cuBLAS GEMM over [w_gate; w_up]
   mlptrain   training step with the backward's dh as cuBLAS + pointwise or the sm90 dGeGLU GEMM
-  split      the copy-free gate+up GEMM (w_gate, w_up where they are) vs the interleaved one, alone,
-             in the MLP forward and in a training step
   mlpfwd     whole-MLP inference forward: cuBLAS + pointwise vs the CUTLASS path at candidate launches,
              compile, eager, in interleaved rounds (what policy_sm90.json's geglu_mlp_sm90 rules cite)
   mlp        geglu_mlp forward and training step, ours (cuda, triton) vs eager and compile, with
@@ -148,16 +146,6 @@ def pointwise(k, ops, rows: list) -> None:
         torch.cuda.empty_cache()
 
 
-def interleave(wg, wu, group=8):
-    i, h = wg.shape
-    return torch.stack([wg.reshape(i // group, group, h), wu.reshape(i // group, group, h)], 1).reshape(2 * i, h)
-
-
-SM90_TILES = ("128x128", "128x256", "128x128pp", "256x128", "128x192pp")
-# Tile-scheduler orders tried at M >= 1024: (swizzle, raster); raster "" = CUTLASS's heuristic.
-SM90_ORDERS = (("1", ""), ("4", ""), ("8", ""), ("4", "n"))
-
-
 def _sm90_env(tile: str, swizzle: str = "1", raster: str = "") -> None:
     os.environ["FUSED_GEGLU_SM90_TILE"] = tile
     os.environ["FUSED_GEGLU_SM90_SWIZZLE"] = swizzle
@@ -180,7 +168,6 @@ def sm90(k, ops, rows: list) -> None:
     for name, (h, i) in SHAPES.items():
         wg = torch.randn(i, h, device="cuda", dtype=dt) / h ** 0.5
         wu = torch.randn(i, h, device="cuda", dtype=dt) / h ** 0.5
-        w = interleave(wg, wu)
         wcat = torch.cat([wg, wu], 0)
         two = torch.compile(lambda x: F.gelu(x @ wg.t(), approximate="tanh") * (x @ wu.t()), dynamic=False)
         for m in (16, 1024, 8192):
@@ -196,7 +183,7 @@ def sm90(k, ops, rows: list) -> None:
                 for swz, raster in orders:
                     def run(j, tile=tile, swz=swz, raster=raster):
                         _sm90_env(tile, swz, raster)
-                        ops.geglu_gateup_sm90(hs[j], xs[j], w, None, 1, None, None)
+                        ops.geglu_gateup_sm90(hs[j], xs[j], wg, wu, None, None, 1, None, None)
                     cases[f"sm90 {tile} s{swz}{raster}"] = run
                 if m >= 1024:  # the mainloop alone: the epilogue returns at once (h unwritten)
                     for swz in ("1", "8"):
@@ -204,7 +191,7 @@ def sm90(k, ops, rows: list) -> None:
                             _sm90_env(tile, swz, "")
                             os.environ["FUSED_GEGLU_SM90_DIAG_NO_EPILOGUE"] = "1"
                             try:
-                                ops.geglu_gateup_sm90(hs[j], xs[j], w, None, 1, None, None)
+                                ops.geglu_gateup_sm90(hs[j], xs[j], wg, wu, None, None, 1, None, None)
                             finally:
                                 os.environ.pop("FUSED_GEGLU_SM90_DIAG_NO_EPILOGUE")
                         cases[f"sm90 {tile} s{swz} no-epilogue"] = mainloop
@@ -219,7 +206,7 @@ def sm90(k, ops, rows: list) -> None:
             for tile in SM90_TILES:
                 _sm90_env(tile, "4", "")
                 try:
-                    ops.geglu_gateup_sm90(hs[0], xs[0], w, None, 1, None, None)
+                    ops.geglu_gateup_sm90(hs[0], xs[0], wg, wu, None, None, 1, None, None)
                     rows.append({"section": "sm90", "shape": name, "M": m, "impl": f"check {tile}",
                                  "rel_err": float((hs[0].float() - ref).norm() / ref.norm())})
                 except Exception as exc:  # noqa: BLE001
@@ -227,7 +214,7 @@ def sm90(k, ops, rows: list) -> None:
                                  "error": repr(exc)[:300]})
             _sm90_env_clear()
             del xs, hs
-        del wg, wu, w, wcat
+        del wg, wu, wcat
         torch.cuda.empty_cache()
 
 
@@ -275,105 +262,6 @@ def mlpfwd(k, ops, rows: list, rounds: int = 3) -> None:
         torch.cuda.empty_cache()
 
 
-# The copy-free gate+up GEMM (geglu_gateup_split_sm90) against the interleaved one, per tile.
-SPLIT_LAUNCHES = (("128x128pp", "1"), ("128x128pp", "4"), ("128x192pp", "1"), ("128x256", "4"),
-                  ("128x256", "8"), ("256x128", "8"))
-
-
-def split(k, ops, rows: list, rounds: int = 3) -> None:
-    """The copy-free gate+up GEMM (w_gate, w_up read where they are) against the interleaved one at
-    the same launch: gate+up alone, then the whole-MLP inference forward ($FUSED_GEGLU_SM90_SPLIT=1)
-    and a training step with its forward through either (weights' versions bumped per step, so the
-    interleaved path remakes its copy as under an optimizer), beside cuBLAS + pointwise and compile."""
-    dt = torch.bfloat16
-    for name, (h, i) in SHAPES.items():
-        mod = EagerMLP(h, i).to("cuda", dt)
-        comp = torch.compile(mod, dynamic=False)
-        wg, wu, wd = mod.gate_proj.weight, mod.up_proj.weight, mod.down_proj.weight
-        w = interleave(wg.detach(), wu.detach())
-        for m in (1024, 8192):
-            sets = n_sets(m * h * 2 * 2 + 5 * m * i * 2)
-            xs = [torch.randn(m, h, device="cuda", dtype=dt) for _ in range(sets)]
-            dys = [torch.randn(m, h, device="cuda", dtype=dt) for _ in range(sets)]
-            hs = [torch.empty(m, i, device="cuda", dtype=dt) for _ in range(sets)]
-            flops = 2.0 * m * h * 2 * i
-            gu = {}
-            for tile, swz in SPLIT_LAUNCHES:
-                def inter(j, tile=tile, swz=swz):
-                    _sm90_env(tile, swz)
-                    ops.geglu_gateup_sm90(hs[j], xs[j], w, None, 1, None, None)
-
-                def two(j, tile=tile, swz=swz):
-                    _sm90_env(tile, swz)
-                    ops.geglu_gateup_split_sm90(hs[j], xs[j], wg, wu, None, None, 1, None, None)
-                gu[f"gateup interleaved {tile}/s{swz}"] = inter
-                gu[f"gateup split {tile}/s{swz}"] = two
-            ref = F.gelu(xs[0].float() @ wg.float().t(), approximate="tanh") * (xs[0].float() @ wu.float().t())
-            with torch.no_grad():
-                for impl, fn in gu.items():
-                    if "split" in impl:
-                        fn(0)
-                        err = float((hs[0].float() - ref).norm() / ref.norm())
-                        rows.append({"section": "split", "shape": name, "M": m, "impl": f"check {impl}",
-                                     "rel_err": err})
-                times = time_rounds(gu, sets, rounds, 12 if m == 8192 else 40)
-            for impl, t in times.items():
-                rows.append({"section": "split", "shape": name, "M": m, "impl": impl, "us": t,
-                             "tflops": flops / t / 1e6, "rounds": rounds})
-            _sm90_env_clear()
-
-            def mlp_fwd(j, launch, split_on):
-                os.environ["FUSED_GEGLU_SM90_MLP"] = launch
-                os.environ["FUSED_GEGLU_SM90_SPLIT"] = "1" if split_on else "0"
-                try:
-                    return k.geglu_mlp(xs[j], wg, wu, wd, approximate="tanh", backend="cuda")
-                finally:
-                    os.environ.pop("FUSED_GEGLU_SM90_MLP", None)
-                    os.environ.pop("FUSED_GEGLU_SM90_SPLIT", None)
-
-            fwd = {"compile": lambda j: comp(xs[j]), "cublas+pointwise": lambda j: mlp_fwd(j, "no", False)}
-            for tile, swz in SPLIT_LAUNCHES:
-                launch = f"{tile}/s{swz}"
-                fwd[f"mlpfwd interleaved {launch}"] = lambda j, launch=launch: mlp_fwd(j, launch, False)
-                fwd[f"mlpfwd split {launch}"] = lambda j, launch=launch: mlp_fwd(j, launch, True)
-            with torch.no_grad():
-                times = time_rounds(fwd, sets, rounds, 12 if m == 8192 else 40)
-            for impl, t in times.items():
-                rows.append({"section": "split", "what": "mlpfwd", "shape": name, "M": m, "impl": impl,
-                             "us": t, "rounds": rounds})
-
-            def step(j, launch, split_on):
-                for p in mod.parameters():
-                    torch.autograd.graph.increment_version(p)
-                os.environ["FUSED_GEGLU_SM90_MLP"] = launch
-                os.environ["FUSED_GEGLU_SM90_SPLIT"] = "1" if split_on else "0"
-                os.environ["FUSED_GEGLU_SM90_DH"] = "0"
-                try:
-                    x = xs[j].detach().requires_grad_()
-                    if launch == "compile":
-                        comp(x).backward(dys[j])
-                    else:
-                        k.geglu_mlp(x, wg, wu, wd, approximate="tanh").backward(dys[j])
-                finally:
-                    for v in ("FUSED_GEGLU_SM90_MLP", "FUSED_GEGLU_SM90_SPLIT", "FUSED_GEGLU_SM90_DH"):
-                        os.environ.pop(v, None)
-                    for p in mod.parameters():
-                        p.grad = None
-
-            train = {"compile": lambda j: step(j, "compile", False),
-                     "cublas+pointwise": lambda j: step(j, "no", False)}
-            for launch in ("128x128pp/s1", "128x192pp/s1", "128x256/s8", "256x128/s8"):
-                train[f"train interleaved {launch}"] = lambda j, launch=launch: step(j, launch, False)
-                train[f"train split {launch}"] = lambda j, launch=launch: step(j, launch, True)
-            times = time_rounds(train, sets, rounds, 6 if m == 8192 else 20)
-            for impl, t in times.items():
-                rows.append({"section": "split", "what": "train", "shape": name, "M": m, "impl": impl,
-                             "us": t, "rounds": rounds})
-            del xs, dys, hs
-        del mod, comp, w
-        torch.cuda.empty_cache()
-
-
 DH_LAUNCHES = ("0", "s1", "s4", "s8")  # $FUSED_GEGLU_SM90_DH: 0 = cuBLAS dh + pointwise
 # Training forwards through the CUTLASS gate+up GEMM ($FUSED_GEGLU_SM90_MLP), dh as cuBLAS + pointwise.
 TRAIN_FWD_LAUNCHES = ("128x128pp/s1", "128x128pp/s4", "128x128pp/s8", "128x192pp/s1", "128x256/s8")
@@ -396,7 +284,7 @@ def mlptrain(k, ops, rows: list, rounds: int = 3) -> None:
 
             def step(j, f):
                 # An optimizer updates the weights in place every step: bump their versions (no
-                # kernel), so that ours remakes the CUTLASS path's interleaved copy as it would.
+                # kernel), so that anything keyed on them (a cached copy) is remade as it would be.
                 for p in mod.parameters():
                     torch.autograd.graph.increment_version(p)
                 x = xs[j].detach().requires_grad_()

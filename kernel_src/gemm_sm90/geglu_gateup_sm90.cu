@@ -1,5 +1,5 @@
-// Host op for the sm90 gate+up GeGLU GEMM (kernel in geglu_gateup_sm90_kernel.cuh; the w_gateup
-// interleave is specified in geglu_gateup_sm90.h):
+// Host op for the sm90 gate+up GeGLU GEMM (kernel in geglu_gateup_sm90_kernel.cuh; how it reads
+// w_gate and w_up in place is in geglu_gateup_sm90.h):
 //
 //   h_out[M, I] = gelu(x @ w_gate^T + b_gate) * (x @ w_up^T + b_up)    (math on fp32 accumulators)
 //   gate_out[M, I], up_out[M, I] (optional, both or neither) = the two pre-activations.
@@ -117,22 +117,12 @@ const char *dispatch(GateUpArgs &a, TileCfg cfg, at::Tensor &ws_holder, const at
   }
 }
 
-template <class Element>
-const char *dispatch_split(GateUpArgs &a, TileCfg cfg) {
-  using namespace fused_geglu_sm90;
-  switch (cfg) {  // the persistent scheduler needs no workspace (the interleaved dispatch checks it)
-    case TileCfg::k128x256: return launch_geglu_gateup_split<Element, TileCfg::k128x256>(a);
-    case TileCfg::k128x128pp: return launch_geglu_gateup_split<Element, TileCfg::k128x128pp>(a);
-    case TileCfg::k256x128: return launch_geglu_gateup_split<Element, TileCfg::k256x128>(a);
-    case TileCfg::k128x192pp: return launch_geglu_gateup_split<Element, TileCfg::k128x192pp>(a);
-    default: return launch_geglu_gateup_split<Element, TileCfg::k128x128>(a);
-  }
-}
-
 }  // namespace
 
-void geglu_gateup_sm90(at::Tensor &h_out, at::Tensor const &x, at::Tensor const &w_gateup,
-                       std::optional<at::Tensor> const &b_gateup, int64_t approximate,
+// w_gate [I, H] and w_up [I, H] read where they are; b_gate / b_up [I] (both or neither).
+void geglu_gateup_sm90(at::Tensor &h_out, at::Tensor const &x, at::Tensor const &w_gate,
+                       at::Tensor const &w_up, std::optional<at::Tensor> const &b_gate,
+                       std::optional<at::Tensor> const &b_up, int64_t approximate,
                        std::optional<at::Tensor> const &gate_out,
                        std::optional<at::Tensor> const &up_out, int64_t tile, int64_t swizzle,
                        int64_t raster) {
@@ -146,160 +136,50 @@ void geglu_gateup_sm90(at::Tensor &h_out, at::Tensor const &x, at::Tensor const 
   TORCH_CHECK(raster >= 0 && raster <= 2,
               "geglu_gateup_sm90: raster must be 0 (heuristic), 1 (along M) or 2 (along N), got ", raster);
   check_operand(x, "x", dtype, 8, 16);
-  check_operand(w_gateup, "w_gateup", dtype, 8, 16);
-  const int64_t M = x.size(0), H = x.size(1), N2 = w_gateup.size(0), I = N2 / 2;
-  TORCH_CHECK(w_gateup.size(1) == H, "geglu_gateup_sm90: w_gateup must be [2I, H=", H, "], got ",
-              w_gateup.sizes());
-  TORCH_CHECK(N2 % 16 == 0, "geglu_gateup_sm90: w_gateup rows 2I must be a multiple of 16 "
-              "(I % 8 == 0 for the 8-row interleave), got 2I=", N2);
-  TORCH_CHECK(H % 8 == 0, "geglu_gateup_sm90: x/w_gateup: H must be a multiple of 8 (16-byte TMA "
-              "rows), got H=", H);
-  check_operand(h_out, "h_out", dtype, 8, 16);  // 16-byte row vectors (after the size checks above)
+  check_operand(w_gate, "w_gate", dtype, 8, 16);
+  check_operand(w_up, "w_up", dtype, 8, 16);
+  const int64_t M = x.size(0), H = x.size(1), I = w_gate.size(0), N2 = 2 * I;
+  TORCH_CHECK(w_gate.size(1) == H && w_up.sizes() == w_gate.sizes(), "geglu_gateup_sm90: w_gate and "
+              "w_up must both be [I, H=", H, "], got ", w_gate.sizes(), " and ", w_up.sizes());
+  TORCH_CHECK(w_up.stride(0) == w_gate.stride(0), "geglu_gateup_sm90: w_gate and w_up must have "
+              "the same row stride (one TMA view), got ", w_gate.stride(0), " and ", w_up.stride(0));
+  TORCH_CHECK(I % 8 == 0 && H % 8 == 0, "geglu_gateup_sm90: I and H must be multiples of 8, got I=",
+              I, " H=", H);
+  check_operand(h_out, "h_out", dtype, 8, 16);
   TORCH_CHECK(h_out.size(0) == M && h_out.size(1) == I, "geglu_gateup_sm90: h_out must be [", M,
               ", ", I, "], got ", h_out.sizes());
   TORCH_CHECK(M <= INT32_MAX && N2 <= INT32_MAX && H <= INT32_MAX,
               "geglu_gateup_sm90: sizes must fit in int32, got M=", M, " 2I=", N2, " H=", H);
-  const bool has_bias = b_gateup.has_value() && b_gateup->defined();
-  const bool has_gate = gate_out.has_value() && gate_out->defined();
-  const bool has_pre = up_out.has_value() && up_out->defined();
-  TORCH_CHECK(has_gate == has_pre, "geglu_gateup_sm90: gate_out and up_out go together (both or neither)");
-  if (has_bias) {
-    TORCH_CHECK(b_gateup->dim() == 1 && b_gateup->size(0) == N2 && b_gateup->is_contiguous() &&
-                    b_gateup->scalar_type() == dtype && b_gateup->is_cuda(),
-                "geglu_gateup_sm90: b_gateup must be a contiguous [", N2, "] ", dtype,
-                " CUDA tensor, got ", b_gateup->sizes(), " ", b_gateup->scalar_type());
-    TORCH_CHECK(reinterpret_cast<uintptr_t>(b_gateup->data_ptr()) % 4 == 0,
-                "geglu_gateup_sm90: b_gateup data pointer must be 4-byte aligned");
-  }
-  if (has_pre) {
-    for (auto const *t : {&*gate_out, &*up_out}) {
-      const char *name = t == &*gate_out ? "gate_out" : "up_out";
-      check_operand(*t, name, dtype, 8, 16);
-      TORCH_CHECK(t->size(0) == M && t->size(1) == I, "geglu_gateup_sm90: ", name, " must be [", M,
-                  ", ", I, "], got ", t->sizes());
-      TORCH_CHECK(t->device() == x.device(), "geglu_gateup_sm90: ", name, " is on ", t->device(),
-                  ", x on ", x.device());
-    }
-  }
-  TORCH_CHECK(x.device() == w_gateup.device() && h_out.device() == x.device(),
-              "geglu_gateup_sm90: tensors on different devices");
-  if (M == 0 || N2 == 0) return;
-  const c10::cuda::CUDAGuard guard(x.device());
-  fused_geglu_sm90::bind_primary_context(x.get_device(), at::cuda::getCurrentCUDAStream());
-  const auto *prop = at::cuda::getCurrentDeviceProperties();
-  TORCH_CHECK(prop->major == 9, "geglu_gateup_sm90: needs an sm_90 (Hopper) GPU, got sm_",
-              prop->major, prop->minor);
-  if (H == 0) {  // empty reduction: pre-activations are the bias (or zero)
-    at::Tensor pre = has_bias ? b_gateup->unsqueeze(0).expand({M, N2}).to(at::kFloat)
-                              : at::zeros({M, N2}, x.options().dtype(at::kFloat));
-    auto p = pre.view({M, I / 8, 2, 8});
-    auto g = p.select(2, 0).reshape({M, I}), u = p.select(2, 1).reshape({M, I});
-    if (has_pre) {
-      gate_out->copy_(g);
-      up_out->copy_(u);
-    }
-    h_out.copy_(at::gelu(g, approximate ? "tanh" : "none") * u);
-    return;
-  }
-
-  GateUpArgs a{};
-  a.x = x.data_ptr();
-  a.w = w_gateup.data_ptr();
-  a.bias = has_bias ? b_gateup->data_ptr() : nullptr;
-  a.h = h_out.data_ptr();
-  a.gate = has_pre ? gate_out->data_ptr() : nullptr;
-  a.up = has_pre ? up_out->data_ptr() : nullptr;
-  a.M = M;
-  a.N2 = N2;
-  a.K = H;
-  a.ldx = x.stride(0);
-  a.ldw = w_gateup.stride(0);
-  a.ldh = h_out.stride(0);
-  a.ldg = has_pre ? gate_out->stride(0) : 0;
-  a.ldu = has_pre ? up_out->stride(0) : 0;
-  a.approximate = int(approximate);
-  a.device = x.get_device();
-  a.sm_count = prop->multiProcessorCount;
-  a.stream = at::cuda::getCurrentCUDAStream();
-  a.workspace = nullptr;
-  a.swizzle = int(swizzle);
-  a.raster = int(raster);
-  scheduler_overrides(a);
-
-  const TileCfg cfg = pick_tile(M, N2, a.sm_count, tile);
-  at::Tensor ws_holder;
-  const char *err = dtype == at::kBFloat16 ? dispatch<cutlass::bfloat16_t>(a, cfg, ws_holder, x.device())
-                                           : dispatch<cutlass::half_t>(a, cfg, ws_holder, x.device());
-  if (err != nullptr) {
-    const cudaError_t ce = cudaGetLastError();
-    TORCH_CHECK(false, "geglu_gateup_sm90: ", err, " (", cudaGetErrorString(ce), ") for x ",
-                x.sizes(), " strides ", x.strides(), ", w_gateup ", w_gateup.sizes(), " strides ",
-                w_gateup.strides(), ", tile ", tile_name(cfg));
-  }
-}
-
-// The same GEMM over w_gate [I, H] and w_up [I, H] where they are (EXPERIMENTAL,
-// split_weight_mainloop.cuh): no interleaved copy. b_gate / b_up [I] (both or neither).
-void geglu_gateup_split_sm90(at::Tensor &h_out, at::Tensor const &x, at::Tensor const &w_gate,
-                             at::Tensor const &w_up, std::optional<at::Tensor> const &b_gate,
-                             std::optional<at::Tensor> const &b_up, int64_t approximate,
-                             std::optional<at::Tensor> const &gate_out,
-                             std::optional<at::Tensor> const &up_out, int64_t tile, int64_t swizzle,
-                             int64_t raster) {
-  const auto dtype = x.scalar_type();
-  TORCH_CHECK(dtype == at::kBFloat16 || dtype == at::kHalf,
-              "geglu_gateup_split_sm90: x must be bfloat16 or float16, got ", dtype);
-  TORCH_CHECK(approximate == 0 || approximate == 1,
-              "geglu_gateup_split_sm90: approximate must be 0 (erf) or 1 (tanh), got ", approximate);
-  TORCH_CHECK(swizzle == 1 || swizzle == 2 || swizzle == 4 || swizzle == 8,
-              "geglu_gateup_split_sm90: swizzle must be 1, 2, 4 or 8, got ", swizzle);
-  TORCH_CHECK(raster >= 0 && raster <= 2,
-              "geglu_gateup_split_sm90: raster must be 0 (heuristic), 1 (along M) or 2 (along N), got ", raster);
-  check_operand(x, "x", dtype, 8, 16);
-  check_operand(w_gate, "w_gate", dtype, 8, 16);
-  check_operand(w_up, "w_up", dtype, 8, 16);
-  const int64_t M = x.size(0), H = x.size(1), I = w_gate.size(0), N2 = 2 * I;
-  TORCH_CHECK(w_gate.size(1) == H && w_up.sizes() == w_gate.sizes(), "geglu_gateup_split_sm90: w_gate and "
-              "w_up must both be [I, H=", H, "], got ", w_gate.sizes(), " and ", w_up.sizes());
-  TORCH_CHECK(w_up.stride(0) == w_gate.stride(0), "geglu_gateup_split_sm90: w_gate and w_up must have "
-              "the same row stride (one TMA view), got ", w_gate.stride(0), " and ", w_up.stride(0));
-  TORCH_CHECK(I % 8 == 0 && H % 8 == 0, "geglu_gateup_split_sm90: I and H must be multiples of 8, got I=",
-              I, " H=", H);
-  check_operand(h_out, "h_out", dtype, 8, 16);
-  TORCH_CHECK(h_out.size(0) == M && h_out.size(1) == I, "geglu_gateup_split_sm90: h_out must be [", M,
-              ", ", I, "], got ", h_out.sizes());
-  TORCH_CHECK(M <= INT32_MAX && N2 <= INT32_MAX && H <= INT32_MAX,
-              "geglu_gateup_split_sm90: sizes must fit in int32, got M=", M, " 2I=", N2, " H=", H);
   const bool has_bias = b_gate.has_value() && b_gate->defined();
   TORCH_CHECK(has_bias == (b_up.has_value() && b_up->defined()),
-              "geglu_gateup_split_sm90: b_gate and b_up go together (pass zeros for a missing one)");
+              "geglu_gateup_sm90: b_gate and b_up go together (pass zeros for a missing one)");
   if (has_bias) {
     for (auto const *b : {&*b_gate, &*b_up}) {
       const char *name = b == &*b_gate ? "b_gate" : "b_up";
       TORCH_CHECK(b->dim() == 1 && b->size(0) == I && b->is_contiguous() && b->scalar_type() == dtype &&
                       b->is_cuda() && reinterpret_cast<uintptr_t>(b->data_ptr()) % 4 == 0,
-                  "geglu_gateup_split_sm90: ", name, " must be a contiguous, 4-byte aligned [", I, "] ",
+                  "geglu_gateup_sm90: ", name, " must be a contiguous, 4-byte aligned [", I, "] ",
                   dtype, " CUDA tensor, got ", b->sizes(), " ", b->scalar_type());
     }
   }
   const bool has_pre = gate_out.has_value() && gate_out->defined();
   TORCH_CHECK(has_pre == (up_out.has_value() && up_out->defined()),
-              "geglu_gateup_split_sm90: gate_out and up_out go together (both or neither)");
+              "geglu_gateup_sm90: gate_out and up_out go together (both or neither)");
   if (has_pre) {
     for (auto const *t : {&*gate_out, &*up_out}) {
       const char *name = t == &*gate_out ? "gate_out" : "up_out";
       check_operand(*t, name, dtype, 8, 16);
       TORCH_CHECK(t->size(0) == M && t->size(1) == I && t->device() == x.device(),
-                  "geglu_gateup_split_sm90: ", name, " must be [", M, ", ", I, "] on ", x.device());
+                  "geglu_gateup_sm90: ", name, " must be [", M, ", ", I, "] on ", x.device());
     }
   }
   TORCH_CHECK(w_gate.device() == x.device() && w_up.device() == x.device() && h_out.device() == x.device(),
-              "geglu_gateup_split_sm90: tensors on different devices");
+              "geglu_gateup_sm90: tensors on different devices");
   if (M == 0 || I == 0) return;
   const c10::cuda::CUDAGuard guard(x.device());
   fused_geglu_sm90::bind_primary_context(x.get_device(), at::cuda::getCurrentCUDAStream());
   const auto *prop = at::cuda::getCurrentDeviceProperties();
-  TORCH_CHECK(prop->major == 9, "geglu_gateup_split_sm90: needs an sm_90 (Hopper) GPU, got sm_",
+  TORCH_CHECK(prop->major == 9, "geglu_gateup_sm90: needs an sm_90 (Hopper) GPU, got sm_",
               prop->major, prop->minor);
   if (H == 0) {  // empty reduction: pre-activations are the biases (or zero)
     at::Tensor g = has_bias ? b_gate->unsqueeze(0).expand({M, I}).to(at::kFloat)
@@ -314,15 +194,15 @@ void geglu_gateup_split_sm90(at::Tensor &h_out, at::Tensor const &x, at::Tensor 
   }
   const int64_t delta_bytes = std::abs(static_cast<const char *>(w_up.data_ptr()) -
                                        static_cast<const char *>(w_gate.data_ptr()));
-  TORCH_CHECK(delta_bytes > 0 && delta_bytes < (int64_t(1) << 40), "geglu_gateup_split_sm90: w_gate and w_up "
+  TORCH_CHECK(delta_bytes > 0 && delta_bytes < (int64_t(1) << 40), "geglu_gateup_sm90: w_gate and w_up "
               "are ", delta_bytes, " bytes apart; one TMA view needs two distinct tensors at most 2^40 apart");
 
   GateUpArgs a{};
   a.x = x.data_ptr();
-  a.w = w_gate.data_ptr();
+  a.w_gate = w_gate.data_ptr();
   a.w_up = w_up.data_ptr();
-  a.bias = has_bias ? b_gate->data_ptr() : nullptr;
-  a.bias_up = has_bias ? b_up->data_ptr() : nullptr;
+  a.b_gate = has_bias ? b_gate->data_ptr() : nullptr;
+  a.b_up = has_bias ? b_up->data_ptr() : nullptr;
   a.h = h_out.data_ptr();
   a.gate = has_pre ? gate_out->data_ptr() : nullptr;
   a.up = has_pre ? up_out->data_ptr() : nullptr;
@@ -340,13 +220,15 @@ void geglu_gateup_split_sm90(at::Tensor &h_out, at::Tensor const &x, at::Tensor 
   a.stream = at::cuda::getCurrentCUDAStream();
   a.swizzle = int(swizzle);
   a.raster = int(raster);
+  a.workspace = nullptr;
   scheduler_overrides(a);
   const TileCfg cfg = pick_tile(M, N2, a.sm_count, tile);
-  const char *err = dtype == at::kBFloat16 ? dispatch_split<cutlass::bfloat16_t>(a, cfg)
-                                           : dispatch_split<cutlass::half_t>(a, cfg);
+  at::Tensor ws_holder;
+  const char *err = dtype == at::kBFloat16 ? dispatch<cutlass::bfloat16_t>(a, cfg, ws_holder, x.device())
+                                           : dispatch<cutlass::half_t>(a, cfg, ws_holder, x.device());
   if (err != nullptr) {
     const cudaError_t ce = cudaGetLastError();
-    TORCH_CHECK(false, "geglu_gateup_split_sm90: ", err, " (", cudaGetErrorString(ce), ") for x ", x.sizes(),
+    TORCH_CHECK(false, "geglu_gateup_sm90: ", err, " (", cudaGetErrorString(ce), ") for x ", x.sizes(),
                 ", w_gate ", w_gate.sizes(), " strides ", w_gate.strides(), ", tile ", tile_name(cfg));
   }
 }

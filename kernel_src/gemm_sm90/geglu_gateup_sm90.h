@@ -5,22 +5,24 @@
 // staging tile as 16-byte row vectors.
 //
 // ---------------------------------------------------------------------------------------------
-// w_gateup layout (what the caller must pass; G = 8, I % 8 == 0):
-//   w_gateup is [2I, H], row-interleaved in blocks of 8 rows:
-//     w_gateup[16*j + r]     = w_gate[8*j + r]     for r in 0..7
-//     w_gateup[16*j + 8 + r] = w_up  [8*j + r]     for r in 0..7,   j in 0..I/8-1
-//   In PyTorch:  torch.stack([w_gate.view(I//8, 8, H), w_up.view(I//8, 8, H)], 1).reshape(2*I, H)
-//   b_gateup [2I] is interleaved the same way (stack of b_gate.view(I//8, 8), b_up.view(I//8, 8)).
-//   gate_out / up_out [M, I] (optional) receive the pre-activations in the plain column order.
-//
-// Why G = 8: a wgmma 64xN accumulator gives each thread the column pairs (8k + 2t, 8k + 2t + 1)
-// for every 8-column chunk k (t = lane % 4), so with 8-row blocks the gate chunk k (even) and the
-// up chunk k + 1 of the same output columns sit in the same thread's registers; the epilogue
-// never exchanges data between threads.
+// Weights: w_gate [I, H] and w_up [I, H] are read where they are (the host module's own tensors,
+// no repacked copy), as one TMA tensor (K, I, 2) with strides (1, ldw, delta), delta being the
+// distance from the lower-addressed weight to the other (split_weight_mainloop.cuh). Output tile j
+// (BN accumulator columns) is rows [j*BN/2, (j+1)*BN/2) of the lower weight followed by the same
+// rows of the other; the epilogue pairs accumulator column n with n + BN/2, which the wgmma layout
+// keeps in the same thread (each thread holds column pairs (8k + 2t, 8k + 2t + 1) of every 8-column
+// chunk k, t = lane % 4), so no data moves between threads.
+//   b_gate / b_up [I] (both or neither). gate_out / up_out [M, I] (optional) receive the two
+//   pre-activations.
+// Why not one [2I, H] weight row-interleaved in blocks of 8 (the first version): that copy is
+// 2*I*H values per layer kept beside the model (205 MB for one Gemma2-9B layer) and remade after
+// every optimizer step; the two-weight view measured the same or faster at every tile
+// (benchmarks/results/kernel-probe-split-h200-*.json).
 // ---------------------------------------------------------------------------------------------
 //
 // Requirements (checked by the host op): sm_90 device, bf16 or fp16, H % 8 == 0 and every row
-// stride a multiple of 8 elements (16 bytes, TMA), I % 8 == 0, last-dim stride 1 everywhere.
+// stride a multiple of 8 elements (16 bytes, TMA), I % 8 == 0, last-dim stride 1 everywhere,
+// w_gate and w_up distinct, with one row stride, 16-byte aligned and less than 2^40 bytes apart.
 // Any M (including M not a multiple of the tile) is fine.
 #pragma once
 
@@ -36,12 +38,14 @@ namespace fused_geglu_sm90 {
 // Host-side launch description, filled by the op in geglu_gateup_sm90.cu.
 struct GateUpArgs {
   const void *x;         // [M, H], row stride ldx
-  const void *w;         // [2I, H] interleaved, row stride ldw
-  const void *bias;      // [2I] interleaved or nullptr
+  const void *w_gate;    // [I, H], row stride ldw
+  const void *w_up;      // [I, H], row stride ldw (a separate tensor)
+  const void *b_gate;    // [I] or nullptr
+  const void *b_up;      // [I] or nullptr (both or neither)
   void *h;               // [M, I], row stride ldh
   void *gate;            // [M, I] gate pre-activation, row stride ldg, or nullptr
   void *up;              // [M, I] up pre-activation, row stride ldu, or nullptr (both or neither)
-  int64_t M, N2, K;      // N2 = 2I
+  int64_t M, N2, K;      // N2 = 2I: the GEMM's N (gate and up columns together)
   int64_t ldx, ldw, ldh, ldg, ldu;
   int approximate;       // 0 = erf, 1 = tanh
   int device, sm_count;
@@ -54,10 +58,6 @@ struct GateUpArgs {
   // Timing only ($FUSED_GEGLU_SM90_DIAG_NO_EPILOGUE=1): the epilogue returns at once and h is left
   // unwritten, so the mainloop's time can be told apart from the epilogue's.
   int skip_epilogue = 0;
-  // Split weights (launch_geglu_gateup_split, EXPERIMENTAL): w is w_gate [I, H] and w_up its
-  // partner, same row stride ldw; bias is b_gate [I] and bias_up b_up [I]. No interleaved copy.
-  const void *w_up = nullptr;
-  const void *bias_up = nullptr;
 };
 
 // Tile configurations (few on purpose: each is a separate heavy instantiation).
@@ -70,9 +70,6 @@ struct GateUpArgs {
 enum class TileCfg : int { k128x128 = 0, k128x256 = 1, k128x128pp = 2, k256x128 = 3, k128x192pp = 4 };
 
 // Defined in the per-dtype TUs. Return a message on failure, nullptr on success.
-// launch_geglu_gateup_split reads w_gate and w_up in place (split_weight_mainloop.cuh).
-template <class Element, TileCfg Cfg>
-const char *launch_geglu_gateup_split(GateUpArgs const &args);
 template <class Element, TileCfg Cfg>
 const char *launch_geglu_gateup(GateUpArgs const &args);
 template <class Element, TileCfg Cfg>

@@ -16,10 +16,9 @@ namespace detail {
 // scattered over 8 rows per warp instruction (8 L1 wavefronts each), which the cooperative tiles
 // pay in full because their epilogue does not overlap a mainloop. Sm90TmaWarpSpecializedAdapter
 // turns the collective into a warp-specialised epilogue the kernel schedules accept.
-// kSplitB: the B tile is [BN/2 rows of the first weight; the same rows of the second]
-// (split_weight_mainloop.cuh), so gate column n pairs with up column n + BN/2; otherwise the
-// 8-row interleave of geglu_gateup_sm90.h (gate chunk k with up chunk k + 1).
-template <class Element_, class TileShape_, int kThreads_, bool kSplitB_ = false>
+// The B tile is [BN/2 rows of the lower-addressed weight; the same rows of the other]
+// (split_weight_mainloop.cuh), so accumulator column n pairs with column n + BN/2.
+template <class Element_, class TileShape_, int kThreads_>
 class GegluEpilogue {
  public:
   using Element = Element_;
@@ -38,7 +37,6 @@ class GegluEpilogue {
   // with the row pitch = 4 banks (mod 32) those land in 32 distinct banks; 16-byte reads stay aligned.
   static constexpr int kLd = kHalf + 8;
   static constexpr int kThreads = kThreads_;  // the consumer threads that run this epilogue together
-  static constexpr bool kSplitB = kSplitB_;
   static_assert(kHalf % 16 == 0, "the staged tile must hold whole 16-column pairs");
   static_assert((kLd * int(sizeof(Element)) / 4) % 8 == 4, "staged row pitch must be an odd multiple of 4 banks");
 
@@ -53,9 +51,9 @@ class GegluEpilogue {
     int64_t ldg = 0;
     Element *up = nullptr;
     int64_t ldu = 0;
-    Element const *bias = nullptr;  // may be null; [2I] interleaved, or b_gate [I] when kSplitB
-    Element const *bias_up = nullptr;  // kSplitB only: b_up [I] (non-null when bias is)
-    int gate_second = 0;  // kSplitB only: the tile's first half is up (w_up sits below w_gate)
+    Element const *b_gate = nullptr;  // [I] or null (then so is b_up)
+    Element const *b_up = nullptr;
+    int gate_second = 0;  // the tile's first half is up (w_up sits below w_gate in memory)
     int approximate = 0;
     int skip = 0;  // timing only: leave the outputs unwritten ($FUSED_GEGLU_SM90_DIAG_NO_EPILOGUE)
   };
@@ -81,8 +79,8 @@ class GegluEpilogue {
                   "the kernel's tile is not the one the staging buffer was sized for");
     static_assert(size(TiledMma{}) == kThreads, "kThreads must be the tiled MMA's thread count");
 
-    // The pairing relies on the wgmma accumulator layout (accumulator_layout_is_wgmma): gate
-    // columns n, n+1 of chunk k and up columns n+8, n+9 of chunk k+1 sit in one thread.
+    // The pairing relies on the wgmma accumulator layout (accumulator_layout_is_wgmma): columns
+    // n, n+1 of chunk k and n + BN/2, n + BN/2 + 1 of chunk k + kChunks/2 sit in one thread.
     static_assert(accumulator_layout_is_wgmma<TiledMma>());
     using CLayout = typename TiledMma::Atom::CLayout;
     static_assert(size<1, 2>(CLayout{}) % 2 == 0, "atom N must hold whole 16-column groups");
@@ -109,8 +107,8 @@ class GegluEpilogue {
     const int cols = N / 2 - n0 / 2;  // valid output columns from this tile's first; a multiple of 8
 
     // One pass per output (0: h, 1: gate, 2: up): every thread writes its fragment's values into
-    // the staging tile, then the tile goes out as 16-byte row vectors. All three outputs map gate
-    // column n of the tile (with its up column n + 8) to output column (n / 16) * 8 + n % 16.
+    // the staging tile, then the tile goes out as 16-byte row vectors. All three outputs map
+    // accumulator column n < BN/2 (with its partner n + BN/2) to output column n0/2 + n.
     // The output, the GELU flavour and whether there is a bias are compile-time here, so the
     // unrolled loop is one basic block (see gelu<> in sm90_common.cuh).
     auto pass = [&](auto which_c, auto tanh_c, auto bias_c, auto swap_c, Element *dst, int64_t ld) {
@@ -144,42 +142,26 @@ class GegluEpilogue {
       for (int mi = 0; mi < kMmaM; ++mi) {
         CUTLASS_PRAGMA_UNROLL
         for (int ni = 0; ni < kMmaN; ++ni) {
-          if constexpr (kSplitB) {
-            static_assert(kMmaN == 1, "the split pairing assumes one MMA atom spans the tile's N");
-            constexpr int kHalfChunks = kChunks / 2;
-            // for_each over a compile-time sequence: the accumulator indices must be constants
-            // (a loop the compiler declined to unroll would move the accumulators to the stack).
-            cute::for_each(cute::make_int_sequence<kHalfChunks>{}, [&](auto k_c) {
-              constexpr int k = decltype(k_c)::value;
-              const int n = int(get<1>(tCcD(make_coord(make_coord(0, 0, k), mi, ni))));  // < kHalf
-              float bg0 = 0.f, bg1 = 0.f, bu0 = 0.f, bu1 = 0.f;
-              if constexpr (kBias) {
-                const int nb = n0 / 2 + n < N / 2 ? n0 / 2 + n : 0;  // past I: never stored
-                const float2 bg = V2::unpack(*reinterpret_cast<V2T const *>(params.bias + nb));
-                const float2 bu = V2::unpack(*reinterpret_cast<V2T const *>(params.bias_up + nb));
-                bg0 = bg.x; bg1 = bg.y; bu0 = bu.x; bu1 = bu.y;
-              }
-              // Which half holds gate follows from the two allocations' order (kSwap).
-              stage_pair(mi, ni, kSwap ? k + kHalfChunks : k, kSwap ? k : k + kHalfChunks, n, bg0, bg1, bu0,
-                         bu1);
-            });
-          } else {
-            CUTLASS_PRAGMA_UNROLL
-            for (int k = 0; k < kChunks; k += 2) {
-              // Gate columns (n, n+1) of chunk k; up columns n+8, n+9 of chunk k+1.
-              const int n = int(get<1>(tCcD(make_coord(make_coord(0, 0, k), mi, ni))));
-              float bg0 = 0.f, bg1 = 0.f, bu0 = 0.f, bu1 = 0.f;
-              if constexpr (kBias) {
-                // Columns past N (a partial last tile) are computed but never stored; pointing
-                // their loads at the first 16-column group keeps them in bounds without a branch.
-                const int nb = n0 + n < N ? n0 + n : (n & 15);
-                const float2 bg = V2::unpack(*reinterpret_cast<V2T const *>(params.bias + nb));
-                const float2 bu = V2::unpack(*reinterpret_cast<V2T const *>(params.bias + nb + 8));
-                bg0 = bg.x; bg1 = bg.y; bu0 = bu.x; bu1 = bu.y;
-              }
-              stage_pair(mi, ni, k, k + 1, (n >> 4) * 8 + (n & 15), bg0, bg1, bu0, bu1);
+          static_assert(kMmaN == 1, "the pairing assumes one MMA atom spans the tile's N");
+          constexpr int kHalfChunks = kChunks / 2;
+          // for_each over a compile-time sequence: the accumulator indices must be constants (a
+          // loop the compiler declined to unroll, as it did for 24 chunks of the 192-wide tile,
+          // moves the accumulators to the stack and halves the kernel's speed).
+          cute::for_each(cute::make_int_sequence<kHalfChunks>{}, [&](auto k_c) {
+            constexpr int k = decltype(k_c)::value;
+            const int n = int(get<1>(tCcD(make_coord(make_coord(0, 0, k), mi, ni))));  // < kHalf
+            float bg0 = 0.f, bg1 = 0.f, bu0 = 0.f, bu1 = 0.f;
+            if constexpr (kBias) {
+              // Columns past I (a partial last tile) are computed but never stored; pointing their
+              // loads at column 0 keeps them in bounds without a branch.
+              const int nb = n0 / 2 + n < N / 2 ? n0 / 2 + n : 0;
+              const float2 bg = V2::unpack(*reinterpret_cast<V2T const *>(params.b_gate + nb));
+              const float2 bu = V2::unpack(*reinterpret_cast<V2T const *>(params.b_up + nb));
+              bg0 = bg.x; bg1 = bg.y; bu0 = bu.x; bu1 = bu.y;
             }
-          }
+            // Which half holds gate follows from the two allocations' order (kSwap).
+            stage_pair(mi, ni, kSwap ? k + kHalfChunks : k, kSwap ? k : k + kHalfChunks, n, bg0, bg1, bu0, bu1);
+          });
         }
       }
       cutlass::arch::NamedBarrier::arrive_and_wait(kThreads, kBarrier);  // the staged tile is complete
@@ -193,8 +175,8 @@ class GegluEpilogue {
       }
     };
 
-    auto all_passes = [&](auto swap_c) {
-      with_flag(params.bias != nullptr, [&](auto bias_c) {
+    with_flag(params.gate_second != 0, [&](auto swap_c) {
+      with_flag(params.b_gate != nullptr, [&](auto bias_c) {
         with_flag(params.approximate != 0,
                   [&](auto tanh_c) { pass(Int<0>{}, tanh_c, bias_c, swap_c, params.h, params.ldh); });
         if (params.gate != nullptr) {
@@ -202,12 +184,7 @@ class GegluEpilogue {
           pass(Int<2>{}, cute::false_type{}, bias_c, swap_c, params.up, params.ldu);
         }
       });
-    };
-    if constexpr (kSplitB) {
-      with_flag(params.gate_second != 0, all_passes);
-    } else {
-      all_passes(cute::false_type{});
-    }
+    });
   }
 
  private:
@@ -216,6 +193,11 @@ class GegluEpilogue {
   // (user barrier 0: CUTLASS offsets user ids past the ones its kernels reserve).
   static constexpr uint32_t kBarrier = 0;
   Params params;
+};
+
+template <class Mainloop>
+struct SplitWeights {
+  using type = SplitWeightMainloop<Mainloop>;
 };
 
 // The kernel for one (dtype, tile) configuration.
@@ -238,48 +220,8 @@ struct GateUpKernel {
                                        cutlass::gemm::KernelTmaWarpSpecializedCooperative>;
   // Consumer threads that run one epilogue: one warp group (ping-pong) or two (cooperative).
   using Epi = GegluEpilogue<Element, TileShape, kPingpong ? 128 : 256>;
-  // w [N, K] row-major == (K x N) column-major
-  using G = Sm90Gemm<Element, cutlass::layout::ColumnMajor, TileShape, ClusterShape, Schedule, Epi>;
-  using Gemm = typename G::Gemm;
-  using Kernel = typename G::Kernel;
-
-  static typename Gemm::Arguments make_args(GateUpArgs const &a) {
-    using StrideA = typename Kernel::StrideA;
-    using StrideB = typename Kernel::StrideB;
-    StrideA sa{};
-    cute::get<0>(sa) = a.ldx;  // (M, K, L) strides: (ldx, 1, 0)
-    StrideB sb{};
-    cute::get<0>(sb) = a.ldw;  // (N, K, L) strides: (ldw, 1, 0)
-    typename Epi::Arguments epi;
-    epi.h = static_cast<Element *>(a.h);
-    epi.ldh = a.ldh;
-    epi.gate = static_cast<Element *>(a.gate);
-    epi.ldg = a.ldg;
-    epi.up = static_cast<Element *>(a.up);
-    epi.ldu = a.ldu;
-    epi.bias = static_cast<Element const *>(a.bias);
-    epi.approximate = a.approximate;
-    epi.skip = a.skip_epilogue;
-    return G::arguments(a.M, a.N2, a.K, a.x, sa, a.w, sb, epi, a.device, a.sm_count, a.swizzle, a.raster);
-  }
-
-  static size_t workspace_bytes(GateUpArgs const &a) { return Gemm::get_workspace_size(make_args(a)); }
-  static const char *launch(GateUpArgs const &a) { return G::launch(make_args(a), a.workspace, a.stream); }
-};
-
-template <class Mainloop>
-struct SplitWeights {
-  using type = SplitWeightMainloop<Mainloop>;
-};
-
-// The same tiles over w_gate and w_up in place (no interleaved copy).
-template <class Element, TileCfg Cfg>
-struct GateUpSplitKernel {
-  using Base = GateUpKernel<Element, Cfg>;
-  using TileShape = typename Base::TileShape;
-  using Epi = GegluEpilogue<Element, TileShape, Base::kPingpong ? 128 : 256, true>;
-  using G = Sm90Gemm<Element, cutlass::layout::ColumnMajor, TileShape, typename Base::ClusterShape,
-                     typename Base::Schedule, Epi, SplitWeights>;
+  // B is (K x N) column-major as far as the builder knows; SplitWeights replaces its global view.
+  using G = Sm90Gemm<Element, cutlass::layout::ColumnMajor, TileShape, ClusterShape, Schedule, Epi, SplitWeights>;
   using Gemm = typename G::Gemm;
   using Kernel = typename G::Kernel;
   using Mainloop = typename G::CollectiveMainloop;
@@ -287,10 +229,10 @@ struct GateUpSplitKernel {
   static typename Gemm::Arguments make_args(GateUpArgs const &a) {
     using StrideA = typename Kernel::StrideA;
     StrideA sa{};
-    cute::get<0>(sa) = a.ldx;
-    const bool gate_second = a.w_up < a.w;  // TMA strides are unsigned: the lower address is "first"
-    auto const *first = static_cast<Element const *>(gate_second ? a.w_up : a.w);
-    auto const *second = static_cast<Element const *>(gate_second ? a.w : a.w_up);
+    cute::get<0>(sa) = a.ldx;  // (M, K, L) strides: (ldx, 1, 0)
+    const bool gate_second = a.w_up < a.w_gate;  // TMA strides are unsigned: the lower address is "first"
+    auto const *first = static_cast<Element const *>(gate_second ? a.w_up : a.w_gate);
+    auto const *second = static_cast<Element const *>(gate_second ? a.w_gate : a.w_up);
     typename Mainloop::Arguments ml{static_cast<Element const *>(a.x), sa, first, a.ldw, int64_t(second - first)};
     typename Epi::Arguments epi;
     epi.h = static_cast<Element *>(a.h);
@@ -299,23 +241,19 @@ struct GateUpSplitKernel {
     epi.ldg = a.ldg;
     epi.up = static_cast<Element *>(a.up);
     epi.ldu = a.ldu;
-    epi.bias = static_cast<Element const *>(a.bias);
-    epi.bias_up = static_cast<Element const *>(a.bias_up);
+    epi.b_gate = static_cast<Element const *>(a.b_gate);
+    epi.b_up = static_cast<Element const *>(a.b_up);
     epi.gate_second = gate_second;
     epi.approximate = a.approximate;
     epi.skip = a.skip_epilogue;
     return G::arguments(a.M, a.N2, a.K, ml, epi, a.device, a.sm_count, a.swizzle, a.raster);
   }
 
+  static size_t workspace_bytes(GateUpArgs const &a) { return Gemm::get_workspace_size(make_args(a)); }
   static const char *launch(GateUpArgs const &a) { return G::launch(make_args(a), a.workspace, a.stream); }
 };
 
 }  // namespace detail
-
-template <class Element, TileCfg Cfg>
-const char *launch_geglu_gateup_split(GateUpArgs const &a) {
-  return detail::GateUpSplitKernel<Element, Cfg>::launch(a);
-}
 
 template <class Element, TileCfg Cfg>
 const char *launch_geglu_gateup(GateUpArgs const &a) {

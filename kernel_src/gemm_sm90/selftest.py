@@ -27,19 +27,6 @@ FLOOR = {torch.bfloat16: 2e-3, torch.float16: 5e-4, torch.float32: 1e-6}
 _results: list[tuple[str, str, str]] = []  # (name, status, detail)
 
 
-def interleave_gateup(w_gate: torch.Tensor, w_up: torch.Tensor, g: int = 8) -> torch.Tensor:
-    """[I, H] x 2 -> [2I, H], rows [16j..16j+7] = gate rows [8j..8j+7], [16j+8..16j+15] = up's.
-
-    The same function interleaves biases ([I] -> [2I]). This is the layout geglu_gateup_sm90.h
-    specifies; the lead's Python repack must produce exactly this.
-    """
-    i = w_gate.shape[0]
-    rest = w_gate.shape[1:]
-    return torch.stack([w_gate.reshape(i // g, g, *rest), w_up.reshape(i // g, g, *rest)], 1).reshape(
-        2 * i, *rest
-    )
-
-
 def rel_err(y: torch.Tensor, ref: torch.Tensor) -> float:
     ref = ref.double()
     den = ref.abs().max().item()
@@ -177,12 +164,10 @@ def test_geglu_gateup(ops, dev) -> None:
                     def body(m=m, h=h, i=i, approx=approx, has_bias=has_bias, has_pre=has_pre,
                              mode=mode, dtype=dtype):
                         x, wg, wu, bg, bu = _geglu_inputs(m, h, i, dtype, dev, has_bias, mode)
-                        w = interleave_gateup(wg, wu)
-                        b = interleave_gateup(bg, bu) if has_bias else None
                         out = torch.full((m, i), float("nan"), device=dev, dtype=dtype)
                         pg = torch.full((m, i), float("nan"), device=dev, dtype=dtype) if has_pre else None
                         pu = torch.full((m, i), float("nan"), device=dev, dtype=dtype) if has_pre else None
-                        ops.geglu_gateup_sm90(out, x, w, b, approx, pg, pu)
+                        ops.geglu_gateup_sm90(out, x, wg, wu, bg, bu, approx, pg, pu)
                         g64 = x.double() @ wg.double().t() + (bg.double() if has_bias else 0)
                         u64 = x.double() @ wu.double().t() + (bu.double() if has_bias else 0)
                         ref = _gelu64(g64, approx) * u64
@@ -211,18 +196,31 @@ def test_geglu_gateup(ops, dev) -> None:
     x = torch.randn(16, 100, device=dev, dtype=bf)
     expect_error("geglu_gateup_sm90 rejects H % 8 != 0",
                  lambda: ops.geglu_gateup_sm90(torch.empty(16, 16, device=dev, dtype=bf), x,
-                                               torch.randn(32, 100, device=dev, dtype=bf), None, 0, None, None),
+                                               torch.randn(16, 100, device=dev, dtype=bf),
+                                               torch.randn(16, 100, device=dev, dtype=bf), None, None, 0, None, None),
                  "x")
     x = torch.randn(16, 64, device=dev, dtype=bf)
     expect_error("geglu_gateup_sm90 rejects I % 8 != 0",
                  lambda: ops.geglu_gateup_sm90(torch.empty(16, 12, device=dev, dtype=bf), x,
-                                               torch.randn(24, 64, device=dev, dtype=bf), None, 0, None, None),
-                 "w_gateup")
+                                               torch.randn(12, 64, device=dev, dtype=bf),
+                                               torch.randn(12, 64, device=dev, dtype=bf), None, None, 0, None, None),
+                 "I and H")
     expect_error("geglu_gateup_sm90 rejects a misaligned x",
                  lambda: ops.geglu_gateup_sm90(torch.empty(16, 16, device=dev, dtype=bf),
                                                torch.randn(16 * 64 + 1, device=dev, dtype=bf)[1:].view(16, 64),
-                                               torch.randn(32, 64, device=dev, dtype=bf), None, 0, None, None),
+                                               torch.randn(16, 64, device=dev, dtype=bf),
+                                               torch.randn(16, 64, device=dev, dtype=bf), None, None, 0, None, None),
                  "x")
+    w = torch.randn(16, 64, device=dev, dtype=bf)
+    expect_error("geglu_gateup_sm90 rejects w_gate and w_up as one tensor",
+                 lambda: ops.geglu_gateup_sm90(torch.empty(16, 16, device=dev, dtype=bf), x, w, w, None, None, 0,
+                                               None, None),
+                 "distinct")
+    expect_error("geglu_gateup_sm90 rejects w_gate and w_up with different row strides",
+                 lambda: ops.geglu_gateup_sm90(torch.empty(16, 16, device=dev, dtype=bf), x,
+                                               torch.randn(16, 128, device=dev, dtype=bf)[:, :64], w, None, None, 0,
+                                               None, None),
+                 "row stride")
 
 
 def test_graph_capture(ops, dev) -> None:
@@ -233,7 +231,6 @@ def test_graph_capture(ops, dev) -> None:
         dtype = torch.bfloat16
         m, h, i = 256, 512, 1024
         x, wg, wu, bg, bu = _geglu_inputs(m, h, i, dtype, dev, True)
-        w, b = interleave_gateup(wg, wu), interleave_gateup(bg, bu)
         out_h = torch.empty(m, i, device=dev, dtype=dtype)
         pg, pu = torch.empty(m, i, device=dev, dtype=dtype), torch.empty(m, i, device=dev, dtype=dtype)
         out_l = torch.empty(m, i, device=dev, dtype=dtype)
@@ -243,7 +240,7 @@ def test_graph_capture(ops, dev) -> None:
         gy = torch.randn(m, i, device=dev, dtype=dtype)
 
         def step():
-            ops.geglu_gateup_sm90(out_h, x, w, b, 0, pg, pu)
+            ops.geglu_gateup_sm90(out_h, x, wg, wu, bg, bu, 0, pg, pu)
             ops.linear_lt(out_l, x, wg, bg, 1, pre_l)
             ops.linear_lt_bwd_weight(dw, db, gy, x)
 
@@ -311,7 +308,6 @@ def bench(ops, dev) -> None:
                 "gy^T@x + sum", lambda: (gy.t() @ x, gy.sum(0)))
         for m, h, i in [(8192, 4096, 11008), (8192, 3584, 14336), (4096, 2048, 16384), (512, 4096, 11008)]:
             x, wg, wu, bg, bu = _geglu_inputs(m, h, i, dtype, dev, False)
-            w = interleave_gateup(wg, wu)
             wcat = torch.cat([wg, wu], 0)
             out = torch.empty(m, i, device=dev, dtype=dtype)
             pg, pu = torch.empty(m, i, device=dev, dtype=dtype), torch.empty(m, i, device=dev, dtype=dtype)
@@ -325,12 +321,12 @@ def bench(ops, dev) -> None:
                 g, u = (x @ wcat.t()).chunk(2, dim=-1)
                 return F.gelu(g) * u
 
-            add("geglu_gateup_sm90", shp, dtype, f, lambda: ops.geglu_gateup_sm90(out, x, w, None, 0, None, None),
+            add("geglu_gateup_sm90", shp, dtype, f, lambda: ops.geglu_gateup_sm90(out, x, wg, wu, None, None, 0, None, None),
                 "2 mm + gelu*mul", two_mm)
-            add("geglu_gateup_sm90", shp, dtype, f, lambda: ops.geglu_gateup_sm90(out, x, w, None, 0, None, None),
+            add("geglu_gateup_sm90", shp, dtype, f, lambda: ops.geglu_gateup_sm90(out, x, wg, wu, None, None, 0, None, None),
                 "cat mm + gelu*mul", cat_mm)
             add("geglu_gateup_sm90 +gate,up", shp, dtype, f,
-                lambda: ops.geglu_gateup_sm90(out, x, w, None, 0, pg, pu), "2 mm + gelu*mul", two_mm)
+                lambda: ops.geglu_gateup_sm90(out, x, wg, wu, None, None, 0, pg, pu), "2 mm + gelu*mul", two_mm)
     print()
     print(f"{'op':28s} {'shape':22s} {'dtype':9s} {'ours ms':>9s} {'TFLOP/s':>8s}  {'baseline':18s} "
           f"{'base ms':>9s} {'speedup':>7s}")

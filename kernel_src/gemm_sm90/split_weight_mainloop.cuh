@@ -1,5 +1,5 @@
-// A mainloop collective for the gate+up GEMM that reads w_gate and w_up where they are, with no
-// interleaved copy (EXPERIMENTAL: compiles; not yet run on a GPU, nothing calls it).
+// The mainloop collective of the gate+up GEMM: it reads w_gate and w_up where they are, with no
+// repacked copy of the two weights.
 //
 // The B tile of output tile j (BN columns) is rows [j*BN/2, (j+1)*BN/2) of w_gate followed by the
 // same rows of w_up. Both weights are one TMA tensor of shape (K, I, 2) with strides

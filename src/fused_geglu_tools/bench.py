@@ -352,8 +352,8 @@ class Case:
     def next_train_step(self, i: int) -> None:
         """Before each timed training step (untimed): clear the grads and bump the leaves' version
         counters, as an optimizer's in-place update does every step (no kernel runs). Anything a
-        provider caches from a weight (ours: the CUTLASS path's interleaved gate/up copy) is then
-        remade inside the timed step, as it would be in a real training loop."""
+        provider caches from a weight (an earlier version of ours kept a repacked gate/up copy) is
+        then remade inside the timed step, as it would be in a real training loop."""
         self.clear_grads(i)
         for name in self.leaves:
             self.torch.autograd.graph.increment_version(self.sets[i][name])

@@ -6,7 +6,7 @@ Paths (``last_backend("geglu_mlp")`` names the one that ran):
   epilogue. Backward: the ``dh = dy @ W_down`` GEMM computes dgate/dup in its epilogue and
   re-emits ``h`` for ``dW_down``, so ``h`` is never saved.
 - ``"cuda:sm90"`` (Hopper): the CUTLASS gate+up GEMM with the GeGLU epilogue
-  (``kernel_src/gemm_sm90``) over an interleaved copy of the two weights, then the down GEMM;
+  (``kernel_src/gemm_sm90``), reading both weights where they are, then the down GEMM;
   when training it also writes the gate/up pre-activations the backward needs.
 - ``"<pointwise>+gemm"`` (``"cuda+gemm"``, ``"cpu+gemm"``, ``"torch+gemm"``): vendor GEMMs
   (cuBLAS / ATen) around this project's GeGLU pointwise kernel. The auto policy on CUDA uses it
@@ -89,7 +89,7 @@ def _forward(x, w_gate, w_up, w_down, b_gate, b_up, b_down, approximate: str, sa
         y = torch.empty((m, h), dtype=x.dtype, device=device)
         tk_linear.linear_fwd(y, hid, w_down, b_down, "none", None)
     elif backend == "cuda" and _dispatch.compiled_has("geglu_gateup_sm90", "cuda") \
-            and sm90_weights.usable(x2, w_gate) \
+            and sm90_weights.usable(x2, w_gate, w_up) \
             and ((launch := sm90_mlp_launch(m, h, device, save_preact)) is not None or not auto):
         # Hopper: CUTLASS gate+up GEMM with the GeGLU epilogue (the tile and tile order the policy
         # measured best at this size, or the op's own heuristic where a forced backend runs it
