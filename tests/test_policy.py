@@ -96,7 +96,7 @@ def test_policy_file_is_plain_json(policy):
     ("geglu_mlp_sm90", dict(m=1024, h=3584), "128x128pp/s4"),
     ("geglu_mlp_sm90", dict(m=8192, h=2048), "128x192pp/s1"),
     ("geglu_mlp_sm90", dict(m=8192, h=1152), "128x128pp/s1"),
-    ("geglu_mlp_sm90", dict(m=8192, h=3584), "128x192pp/s1"),
+    ("geglu_mlp_sm90", dict(m=8192, h=3584), "256x128/s8"),
     ("geglu_mlp_sm90", dict(m=8192, h=768), "128x256/s1"),
     ("geglu_mlp_sm90", dict(m=8192, h=8192), "no"),
     ("geglu_mlp_sm90", dict(m=1024, h=768), "no"),
