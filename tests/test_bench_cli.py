@@ -132,3 +132,56 @@ def test_rounds_must_be_positive(capsys):
     with pytest.raises(SystemExit):
         bench.main(["--rounds", "0"])
     assert "--rounds" in capsys.readouterr().err
+
+
+def test_gpu_power_log_summarizes_the_samples_inside_a_rows_windows():
+    """The harness's clock/power sampler (gpu_power) on a stand-in for nvidia-smi that prints QUERY
+    lines: unparseable lines are dropped, and a row's summary covers only the samples inside the
+    windows in which it was timed."""
+    from fused_geglu_tools import gpu_power
+
+    lines = ["timestamp, clocks.sm [MHz], power.draw [W], clocks_throttle_reasons.active",  # a header
+             "2026/01/01 00:00:00.000, 1980, 120.5, 0x0000000000000001",
+             "2026/01/01 00:00:01.000, 1605, 699.0, 0x0000000000000004",
+             "2026/01/01 00:00:02.000, 1275, 701.2, 0x0000000000000004",
+             "2026/01/01 00:00:03.000, [N/A], [N/A], 0x0000000000000000",  # a field the board lacks
+             "2026/01/01 00:00:04.000, 1800, 650.0, 0x0000000000000020",
+             "2026/01/01 00:00:05.000, 1980, 90.0, 0x0000000000000001"]
+    log = gpu_power.PowerLog([sys.executable, "-c", f"print({chr(10).join(lines)!r})"])
+    assert log.start()
+    log._proc.wait(timeout=60)  # the stand-in prints and exits; stop() would end a real sampler at once
+    log.stop()
+    assert len(log.samples) == 5
+    t = {s.sm_mhz: s.t for s in log.samples}
+    windows = [(t[1605] - 0.1, t[1275] + 0.1), (t[1800] - 0.1, t[1800] + 0.1)]
+    got = log.summary(windows)
+    assert got["samples"] == 3
+    assert got["sm_mhz_median"] == 1605 and got["sm_mhz_min"] == 1275
+    assert got["watts_max"] == pytest.approx(701.2)
+    assert got["power_capped"] == pytest.approx(2 / 3) and got["hw_slowdown"] == pytest.approx(1 / 3)
+    assert log.summary([(0.0, 1.0)]) is None  # no sample inside: no made-up numbers
+
+
+def test_gpu_power_log_without_a_sampler():
+    from fused_geglu_tools import gpu_power
+
+    log = gpu_power.PowerLog(["/nonexistent/nvidia-smi"])
+    assert not log.start()
+    log.stop()  # harmless
+    assert log.summary([(0.0, 1e12)]) is None
+
+
+def test_table_footer_names_each_providers_clock(tmp_path):
+    payload = json.loads(_synthetic(tmp_path / "g.json").read_text())
+    assert bench.gpu_footer(payload["rows"]) is None  # no sampler: no footer
+    for r in payload["rows"]:
+        if r["ok"] and r["provider"] in ("eager", "ours-cuda"):
+            capped = 1.0 if r["provider"] == "ours-cuda" else 0.0
+            r["gpu"] = {"samples": 2, "sm_mhz_median": 1500.0 if capped else 1900.0, "sm_mhz_min": 1400.0,
+                        "watts_median": 650.0, "watts_max": 700.0, "power_capped": capped, "hw_slowdown": 0.0}
+    n = {p: sum(1 for r in payload["rows"] if r.get("gpu") and r["provider"] == p) for p in ("eager", "ours-cuda")}
+    text = bench.table(payload)
+    footer = next(ln for ln in text.splitlines() if ln.startswith("SM clock while timed"))
+    share = round(100 * n["ours-cuda"] / (n["eager"] + n["ours-cuda"]))  # every sample of ours-cuda capped
+    assert "eager 1900" in footer and "ours-cuda 1500" in footer
+    assert f"power cap (0x4) in {share}% of {2 * sum(n.values())} samples" in footer

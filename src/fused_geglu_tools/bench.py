@@ -40,6 +40,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+from . import gpu_power
+
 SCHEMA = "fused-geglu-bench/1"
 REPO_ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_OUT = REPO_ROOT / "benchmarks" / "results"
@@ -165,6 +167,7 @@ class Row:
     max_err: float | None = None  # worst max|out - ref| / max|ref| over the checked tensors
     checks: dict[str, dict[str, float]] = field(default_factory=dict)
     backend_ran: str | None = None  # for ours-*: kernel.last_backend(op) after the check call
+    gpu: dict[str, float] | None = None  # SM clock / board power while this row was timed (gpu_power)
 
 
 def _now() -> float:
@@ -590,6 +593,25 @@ class Run:
         self.phase_s: dict[str, float] = {}
         self.compile_total_s = 0.0
         self._last_timed: tuple | None = None  # (step, pre, times, info) of the row _one just timed
+        self.power: gpu_power.PowerLog | None = None  # started by main() on a GPU
+        self._windows: dict[int, list[tuple[float, float]]] = {}  # id(row) -> when it was timed
+
+    def timed(self, row: Row, fn):
+        """fn() with its wall-clock window recorded for the row's clock / power summary."""
+        t0 = time.time()
+        try:
+            return fn()
+        finally:
+            self._windows.setdefault(id(row), []).append((t0, time.time()))
+
+    def summarize_gpu(self) -> None:
+        """Each timed row's SM clock and board power over its windows (None without a sampler)."""
+        if self.power is None:
+            return
+        for row in self.rows:
+            windows = self._windows.get(id(row))
+            if windows:
+                row.gpu = self.power.summary(windows)
 
     # ---- budget -----------------------------------------------------------------------------
     def elapsed(self) -> float:
@@ -735,7 +757,7 @@ class Run:
             for row, step, pre, times, info in order:
                 if self.over_budget():
                     return
-                more, reps = measure(self.clock, step, case.n_sets, self.st, pre=pre)
+                more, reps = self.timed(row, lambda: measure(self.clock, step, case.n_sets, self.st, pre=pre))
                 times.extend(more)
                 row.reps += reps
                 row.median_us, row.p20_us, row.p80_us = summarize(times)
@@ -824,7 +846,7 @@ class Run:
                     case.refill()
                 return
             # 2. timing
-            times, reps = measure(self.clock, step, case.n_sets, st, pre=pre)
+            times, reps = self.timed(row, lambda: measure(self.clock, step, case.n_sets, st, pre=pre))
             row.median_us, row.p20_us, row.p80_us = summarize(times)
             row.reps = reps
             self._last_timed = (step, pre, times, info)
@@ -901,7 +923,7 @@ class Run:
                 return
             for _ in range(3):
                 graph.replay()
-            times = self.clock.time_calls(lambda _i: graph.replay(), self.st.graph_reps, 1)
+            times = self.timed(row, lambda: self.clock.time_calls(lambda _i: graph.replay(), self.st.graph_reps, 1))
             per_call = [t / n for t in times]
             row.median_us, row.p20_us, row.p80_us = summarize(per_call)
             row.reps = self.st.graph_reps * n
@@ -1105,12 +1127,31 @@ def table(payload: dict) -> str:
     na = sorted({f"{r['provider']}: {(r.get('err') or '')[:80]}" for r in rows if r["status"] == "unavailable"})
     if na:
         lines.append("unavailable: " + "; ".join(na[:6]))
+    gpu = gpu_footer(rows)
+    if gpu:
+        lines.append(gpu)
     t = payload.get("timing", {})
     lines.append(
         f"total {t.get('total_s', 0):.0f} s (torch.compile first calls {t.get('compile_s', 0):.0f} s); "
         f"json {payload.get('json_path', '?')}"
     )
     return "\n".join(lines)
+
+
+def gpu_footer(rows: list[dict]) -> str | None:
+    """One line: each provider's SM clock while timed (median over its rows) and the share of all
+    samples taken at the board's power cap; None when no row has a ``gpu`` summary."""
+    by: dict[str, list[dict]] = {}
+    for r in rows:
+        if r.get("gpu"):
+            by.setdefault(r["provider"], []).append(r["gpu"])
+    if not by:
+        return None
+    every = [g for gs in by.values() for g in gs]
+    n = sum(g["samples"] for g in every)
+    capped = sum(g["power_capped"] * g["samples"] for g in every) / n
+    clocks = ", ".join(f"{p} {statistics.median(g['sm_mhz_median'] for g in gs):.0f}" for p, gs in sorted(by.items()))
+    return f"SM clock while timed (MHz, median of rows): {clocks}; power cap (0x4) in {100 * capped:.0f}% of {n} samples"
 
 
 PROVIDER_STYLE = {
@@ -1316,6 +1357,12 @@ def main(argv: list[str] | None = None) -> int:
     else:
         run.l2_bytes = 1 << 20
     env = environment(torch, dev, kernel, args)
+    if dev.type == "cuda":
+        # Clock and power per timed row (gpu_power: why); a failure leaves rows without them.
+        uuid = getattr(torch.cuda.get_device_properties(dev), "uuid", None)  # nvidia-smi's order may differ
+        run.power = gpu_power.PowerLog.nvidia_smi(f"GPU-{uuid}" if uuid else str(torch.cuda.current_device()))
+        if run.power is not None and not run.power.start():
+            run.power = None
     ceil = run.ceilings()
     print(
         f"[bench] {env['device']}: {ceil['matmul_tflops']:.0f} TFLOP/s {ceil['matmul_dtype']} GEMM {ceil['matmul_shape'][0]}^3, "
@@ -1332,6 +1379,7 @@ def main(argv: list[str] | None = None) -> int:
     json_path = out_dir / f"{stem}.json"
 
     def payload(final: bool) -> dict:
+        run.summarize_gpu()
         return _clean(
             {
                 "schema": SCHEMA,
@@ -1357,6 +1405,7 @@ def main(argv: list[str] | None = None) -> int:
                 "dispatch": run.dispatch,
                 "rows": [asdict(r) for r in run.rows],
                 "timing": {"total_s": run.elapsed(), "compile_s": run.compile_total_s, "phase_s": run.phase_s},
+                "gpu_sampler": run.power.cmd if run.power is not None else None,
                 "json_path": str(json_path),
             }
         )
@@ -1372,6 +1421,8 @@ def main(argv: list[str] | None = None) -> int:
         if run.aborted:
             print(f"[bench] aborted: {run.aborted}", flush=True)
             break
+    if run.power is not None:
+        run.power.stop()
     final = payload(final=True)
     write_json(json_path, final)
     png = None
