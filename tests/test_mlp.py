@@ -322,6 +322,30 @@ def test_geglu_mlp_sm90_declines_weights_one_view_cannot_span(kernel, device, ca
     assert_close(y, ref, _eager(x, wg, wu, wd, None, None, None, "tanh"), case)
 
 
+def test_sm90_usable_needs_one_view_over_both_weights(kernel, monkeypatch):
+    """The Python gate in front of the CUTLASS gate+up GEMM (sm90_weights.usable), on CPU tensors with
+    the capability check stubbed to sm_90: it must decline exactly what the host op would refuse."""
+    import importlib
+
+    sm90 = importlib.import_module(kernel.__name__ + ".sm90_weights")
+    monkeypatch.setattr(sm90, "device_capability", lambda device: (9, 0))
+    i, h = 64, 32
+    x = torch.randn(16, h, dtype=torch.bfloat16)
+    buf = torch.randn(2 * i, h, dtype=torch.bfloat16)
+    wg, wu = buf[:i], buf[i:]
+    assert sm90.usable(x, wg, wu) and sm90.usable(x, wu, wg)  # halves of one buffer, either order
+    assert sm90.usable(x, wg, torch.randn(i, h, dtype=torch.bfloat16))  # two allocations
+    assert not sm90.usable(x, wg, wg), "the same tensor twice: a zero TMA stride"
+    wide = torch.randn(i, 2 * h, dtype=torch.bfloat16)[:, :h]
+    assert not sm90.usable(x, wide, wu), "different row strides"
+    odd = torch.randn(i * h + 1, dtype=torch.bfloat16)[1:].view(i, h)  # 2 bytes past an aligned start
+    assert not sm90.usable(x, odd, wu), "a weight not 16-byte aligned"
+    assert not sm90.usable(x.float(), wg.float(), wu.float()), "fp32"
+    assert not sm90.usable(x, buf[:60], buf[60:120]), "I % 8 != 0"
+    monkeypatch.setattr(sm90, "device_capability", lambda device: (8, 0))
+    assert not sm90.usable(x, wg, wu), "not sm_90"
+
+
 def _assert_output_and_grads(kernel, y, leaves, approximate, what):
     """y and all seven gradients (for a random upstream gradient) against float64, with eager's error
     in y's dtype as the yardstick."""
