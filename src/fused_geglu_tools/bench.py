@@ -1359,8 +1359,9 @@ def main(argv: list[str] | None = None) -> int:
     env = environment(torch, dev, kernel, args)
     if dev.type == "cuda":
         # Clock and power per timed row (gpu_power: why); a failure leaves rows without them.
-        uuid = getattr(torch.cuda.get_device_properties(dev), "uuid", None)  # nvidia-smi's order may differ
-        run.power = gpu_power.PowerLog.nvidia_smi(f"GPU-{uuid}" if uuid else str(torch.cuda.current_device()))
+        uuid = str(getattr(torch.cuda.get_device_properties(dev), "uuid", "") or "")  # nvidia-smi's order may differ
+        ident = (uuid if uuid.startswith("GPU-") else f"GPU-{uuid}") if uuid else str(torch.cuda.current_device())
+        run.power = gpu_power.PowerLog.nvidia_smi(ident)
         if run.power is not None and not run.power.start():
             run.power = None
     ceil = run.ceilings()
