@@ -282,17 +282,7 @@ def test_geglu_mlp_sm90_weights_in_one_buffer(kernel, device, monkeypatch, tile,
         y = kernel.geglu_mlp(x, *params, approximate="tanh", backend="cuda")
     assert kernel.last_backend("geglu_mlp") == "cuda:sm90"
     if train:
-        grad = randn(*y.shape, dtype=dtype, device=device)
-        leaves = [x, wg, wu, wd, bg, bd]
-        ours = torch.autograd.grad(y, leaves, grad)
-        eager_y = _eager(x, wg, wu, wd, bg, None, bd, "tanh")
-        eagers = torch.autograd.grad(eager_y, leaves, grad)
-        l64 = [t.detach().double().requires_grad_() for t in leaves]
-        ref_y = kernel.reference.geglu_mlp_ref(l64[0], *l64[1:4], l64[4], None, l64[5], approximate="tanh")
-        assert_close(y, ref_y, eager_y, f"{tile} {order} y")
-        refs = torch.autograd.grad(ref_y, l64, grad.double())
-        for name, o, r, e in zip(["dx", "dW_gate", "dW_up", "dW_down", "db_gate", "db_down"], ours, refs, eagers):
-            assert_close(o, r, e, f"{tile} {order} {name}")
+        _assert_output_and_grads(kernel, y, [x, *params], "tanh", f"{tile} {order}")
     else:
         ref = kernel.reference.geglu_mlp_ref(x, *params, approximate="tanh")
         assert_close(y, ref, _eager(x, *params, "tanh"), f"{tile} {order}")
@@ -346,26 +336,30 @@ def test_sm90_usable_needs_one_view_over_both_weights(kernel, monkeypatch):
     assert not sm90.usable(x, wg, wu), "not sm_90"
 
 
-def _assert_output_and_grads(kernel, y, leaves, approximate, what):
-    """y and all seven gradients (for a random upstream gradient) against float64, with eager's error
-    in y's dtype as the yardstick."""
+def _assert_output_and_grads(kernel, y, args, approximate, what):
+    """y and the gradient of every tensor in ``args`` = [x, w_gate, w_up, w_down, b_gate, b_up,
+    b_down] (a bias may be None: no gradient for it), for a random upstream gradient, against
+    float64, with eager's error in y's dtype as the yardstick."""
+    names = ["dx", "dW_gate", "dW_up", "dW_down", "db_gate", "db_up", "db_down"]
+    present = [k for k, a in enumerate(args) if a is not None]
+    leaves = [args[k] for k in present]
     grad = randn(*y.shape, dtype=y.dtype, device=y.device)
     ours = torch.autograd.grad(y, leaves, grad)
-    l64 = [t.detach().double().requires_grad_() for t in leaves]
-    ref_y = kernel.reference.geglu_mlp_ref(l64[0], *l64[1:], approximate=approximate)
-    assert_close(y, ref_y, _eager(*leaves, approximate), f"{what} y")
-    refs = torch.autograd.grad(ref_y, l64, grad.double())
-    eagers = torch.autograd.grad(_eager(*leaves, approximate), leaves, grad)
-    names = ["dx", "dW_gate", "dW_up", "dW_down", "db_gate", "db_up", "db_down"]
-    for name, o, r, e in zip(names, ours, refs, eagers):
-        assert_close(o, r, e, f"{what} {name}")
+    a64 = [None if a is None else a.detach().double().requires_grad_() for a in args]
+    ref_y = kernel.reference.geglu_mlp_ref(*a64, approximate=approximate)
+    eager_y = _eager(*args, approximate)
+    assert_close(y, ref_y, eager_y, f"{what} y")
+    refs = torch.autograd.grad(ref_y, [a64[k] for k in present], grad.double())
+    eagers = torch.autograd.grad(eager_y, leaves, grad)
+    for k, o, r, e in zip(present, ours, refs, eagers):
+        assert_close(o, r, e, f"{what} {names[k]}")
 
 
 @pytest.mark.gpu
 def test_geglu_mlp_sm90_sees_in_place_weight_updates(kernel, device):
     """After an in-place update of a weight (what an optimizer step does) the CUTLASS path must
     compute with the new values (it reads the weights where they are; an earlier version kept a
-    repacked copy, which this test caught going stale)."""
+    repacked copy, keyed on the weights' version counters)."""
     if torch.cuda.get_device_capability() != (9, 0):
         pytest.skip("the CUTLASS gate+up GEMM is sm_90 only")
     m, h, i = 256, 128, 192
