@@ -208,6 +208,66 @@ def test_geglu_mlp_decode(kernel, device, backend, tokens):
         assert_close(o, r, e, "geglu_mlp decode grad")
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+@pytest.mark.parametrize("shape", [(16, 1152, 6912), (5, 200, 2304), ((2, 9), 3584, 1440)], ids=str)
+def test_geglu_mlp_decode_pdl_matches_plain_launches(kernel, device, monkeypatch, dtype, shape):
+    """The Triton decode chain launched with programmatic dependent launch (the default on sm90) gives
+    the same bits as the same kernels launched one after another (FUSED_GEGLU_PDL=0), eagerly and
+    replayed from a CUDA graph, and is as close to float64 as eager is. The shapes take the split-K
+    down GEMM (Gemma3-1B's width) and the unsplit one (I = 1440), with sizes off every tile."""
+    import importlib
+
+    if torch.cuda.get_device_capability(device)[0] < 9:
+        pytest.skip("programmatic dependent launch needs sm_90 or newer")
+    pdl = importlib.import_module(kernel.__name__ + ".triton_kernels.pdl")
+    tokens, h, i = shape
+    lead = tokens if isinstance(tokens, tuple) else (tokens,)
+    x = randn(*lead, h, dtype=dtype, device=device)
+    params = [p.detach() for p in _params(h, i, dtype, device, biases=True)]
+
+    def run(flag):
+        monkeypatch.setenv("FUSED_GEGLU_PDL", flag)
+        assert pdl.pdl_enabled(x.device, x.numel() // h) == (flag == "1")
+        eager_y = kernel.geglu_mlp(x, *params, approximate="tanh", backend="triton")
+        lin = kernel.linear(x, params[0], params[3], activation="gelu_tanh", backend="triton")
+        out = torch.empty_like(eager_y)
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            out.copy_(kernel.geglu_mlp(x, *params, approximate="tanh", backend="triton"))
+        out.zero_()
+        g.replay()
+        torch.cuda.synchronize()
+        return eager_y, out, lin
+
+    plain, with_pdl = run("0"), run("1")
+    for a, b, what in zip(plain, with_pdl, ["eager", "graph replay", "linear"]):
+        assert torch.equal(a, b), f"{what}: PDL changed the result"
+    ref = kernel.reference.geglu_mlp_ref(x, *params, approximate="tanh")
+    assert_close(with_pdl[1], ref, _eager(x, *params, "tanh"), "geglu_mlp decode with PDL")
+
+
+def test_pdl_only_for_decode_on_sm90(kernel, monkeypatch):
+    """Programmatic dependent launch is asked for only at decode sizes on a CUDA device of sm_90 or
+    newer, and FUSED_GEGLU_PDL=0 turns it off (CPU: the capability lookup is stubbed)."""
+    import importlib
+
+    pdl = importlib.import_module(kernel.__name__ + ".triton_kernels.pdl")
+    cuda = torch.device("cuda", 0)
+    assert not pdl.pdl_enabled(torch.device("cpu"), 16), "the interpreter has no griddepcontrol"
+    monkeypatch.setattr(pdl, "_cuda_major", lambda index: 9)
+    monkeypatch.delenv("FUSED_GEGLU_PDL", raising=False)
+    assert pdl.pdl_enabled(cuda, 1) and pdl.pdl_enabled(cuda, pdl.PDL_MAX_M)
+    assert not pdl.pdl_enabled(cuda, pdl.PDL_MAX_M + 1), "prefill sizes launch plainly"
+    assert pdl.launch_kwargs(True) == {"launch_pdl": True} and pdl.launch_kwargs(False) == {}
+    for off in ("0", "off", "no"):
+        monkeypatch.setenv("FUSED_GEGLU_PDL", off)
+        assert not pdl.pdl_enabled(cuda, 16), off
+    monkeypatch.setenv("FUSED_GEGLU_PDL", "1")
+    monkeypatch.setattr(pdl, "_cuda_major", lambda index: 8)
+    assert not pdl.pdl_enabled(cuda, 16), "Ampere has no programmatic dependent launch"
+
+
 # Every tile of the sm90 CUTLASS gate+up GEMM (kernel_src/gemm_sm90/geglu_gateup_sm90.h), forced
 # through the env knobs the probe uses, with the scheduler orders it sweeps. M and I are not
 # multiples of any tile, so every tile has partial tiles in both directions.

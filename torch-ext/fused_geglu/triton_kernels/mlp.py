@@ -24,6 +24,7 @@ from ._common import (
 )
 from .configs import get_config
 from .geglu import geglu_fwd
+from .pdl import let_dependents_start, pdl_enabled
 
 
 @triton.jit
@@ -35,7 +36,12 @@ def _gateup_fwd_kernel(
     HAS_BG: tl.constexpr, HAS_BU: tl.constexpr, STORE_PREACT: tl.constexpr,
     ACT: tl.constexpr, EVEN_K: tl.constexpr, DOT_PREC: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+    PDL: tl.constexpr = False, W_EVICT: tl.constexpr = "",
 ):
+    # Decode (PDL): the down GEMM's programs may start now and prefetch their weight into L2. Each weight
+    # tile is then read by this one program only (one M tile), so the launcher marks its lines first
+    # to leave L2 (W_EVICT = "evict_first").
+    let_dependents_start(PDL)
     pid_m, pid_n = grouped_tile(tl.program_id(0), tl.cdiv(M, BLOCK_M), tl.cdiv(I, BLOCK_N), GROUP_M)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -51,13 +57,13 @@ def _gateup_fwd_kernel(
         # One x tile feeds both weight tiles: x is read once for gate and up.
         if EVEN_K:
             a = tl.load(a_ptrs)
-            bg = tl.load(g_ptrs)
-            bu = tl.load(u_ptrs)
+            bg = tl.load(g_ptrs, eviction_policy=W_EVICT)
+            bu = tl.load(u_ptrs, eviction_policy=W_EVICT)
         else:
             k_ok = rk < H - k0
             a = tl.load(a_ptrs, mask=k_ok[None, :], other=0.0)
-            bg = tl.load(g_ptrs, mask=k_ok[:, None], other=0.0)
-            bu = tl.load(u_ptrs, mask=k_ok[:, None], other=0.0)
+            bg = tl.load(g_ptrs, mask=k_ok[:, None], other=0.0, eviction_policy=W_EVICT)
+            bu = tl.load(u_ptrs, mask=k_ok[:, None], other=0.0, eviction_policy=W_EVICT)
         acc_g = tl.dot(a, bg, acc_g, input_precision=DOT_PREC)
         acc_u = tl.dot(a, bu, acc_u, input_precision=DOT_PREC)
         a_ptrs += BLOCK_K
@@ -162,6 +168,7 @@ def gateup_fwd(
     cfg = get_config("gateup_fwd", x.device, x.dtype, m, i, hdim)
     grid = (triton.cdiv(m, cfg.BLOCK_M) * triton.cdiv(i, cfg.BLOCK_N),)
     store = gate_out is not None
+    pdl = pdl_enabled(x.device, m)
     _gateup_fwd_kernel[grid](
         h_out, x, w_gate, w_up, or_dummy(b_gate, h_out), or_dummy(b_up, h_out),
         or_dummy(gate_out, h_out), or_dummy(up_out, h_out),
@@ -171,6 +178,7 @@ def gateup_fwd(
         HAS_BG=b_gate is not None, HAS_BU=b_up is not None, STORE_PREACT=store,
         ACT=act, EVEN_K=hdim % cfg.BLOCK_K == 0, DOT_PREC=dot_precision(x.dtype),
         BLOCK_M=cfg.BLOCK_M, BLOCK_N=cfg.BLOCK_N, BLOCK_K=cfg.BLOCK_K, GROUP_M=cfg.GROUP_M,
+        PDL=pdl, W_EVICT="evict_first" if pdl and m <= cfg.BLOCK_M else "",
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     return h_out
