@@ -31,12 +31,8 @@ from ._common import (
     store_tile,
 )
 from .configs import MAX_SPLIT_K, get_config
+from . import pdl as _pdl
 from .pdl import launch_kwargs, let_dependents_start, pdl_enabled, prefetch_rows_l2, wait_for_previous
-
-# At most this many bytes of the down weight are prefetched into L2 per PDL launch while the kernel before
-# it runs: enough to cover the gap between the kernels, small against the 50-60 MB L2 (the gate+up
-# kernel streams its own weights through it at the same time).
-PREFETCH_BYTES = 16 << 20
 
 
 @triton.jit
@@ -87,12 +83,12 @@ def _linear_splitk_kernel(
     stride_xm, stride_wn,
     EVEN_K: tl.constexpr, DOT_PREC: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    prefetch_k=0, PDL: tl.constexpr = False,
+    prefetch_k=0, PDL: tl.constexpr = False, TRIGGER_AT_START: tl.constexpr = True,
 ):
     # Skinny M (decode): an [M, N] output has too few tiles to keep every SM streaming the weight,
     # so each program also takes one K slice and stores its fp32 partial sum; _splitk_reduce_kernel
     # adds the slices in a fixed order (deterministic, no atomics) and runs the epilogue.
-    let_dependents_start(PDL)  # the reduction may take free SM slots now
+    let_dependents_start(PDL, TRIGGER_AT_START)  # the reduction may take free SM slots from here
     pid_n, pid_m, pid_s = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -117,6 +113,7 @@ def _linear_splitk_kernel(
         acc = tl.dot(a, b, acc, input_precision=DOT_PREC)
         a_ptrs += BLOCK_K
         b_ptrs += BLOCK_K
+    let_dependents_start(PDL, not TRIGGER_AT_START)
     store_tile(part_ptr + pid_s.to(tl.int64) * M * N, N, offs_m, offs_n, M, N, acc)
 
 
@@ -269,9 +266,10 @@ def linear_fwd(
         part = torch.empty((split, m, n), device=x.device, dtype=torch.float32)
         _linear_splitk_kernel[(triton.cdiv(n, cfg.BLOCK_N), triton.cdiv(m, cfg.BLOCK_M), split)](
             x, weight, part, m, n, k, k_per_split, x.stride(0), weight.stride(0),
-            prefetch_k=_prefetch_cols(weight, weight_rows * split, k_per_split) if pdl else 0,
+            prefetch_k=_pdl.prefetch_cols(weight, weight_rows * split, k_per_split) if pdl else 0,
             EVEN_K=k % k_per_split == 0, DOT_PREC=dot_precision(x.dtype),
             BLOCK_M=cfg.BLOCK_M, BLOCK_N=cfg.BLOCK_N, BLOCK_K=cfg.BLOCK_K, PDL=pdl,
+            TRIGGER_AT_START=_pdl.TRIGGER_AT_START,
             num_warps=cfg.num_warps, num_stages=cfg.num_stages, **launch_kwargs(pdl),
         )
         # The reduction moves split * M * N fp32 values: a few KB at decode sizes, one fixed tile.
@@ -287,7 +285,7 @@ def linear_fwd(
         x, weight, or_dummy(bias, out), out, or_dummy(preact_out, out), m, n, k,
         x.stride(0), weight.stride(0), out.stride(0),
         preact_out.stride(0) if preact_out is not None else 0,
-        prefetch_k=_prefetch_cols(weight, weight_rows, k) if pdl else 0,
+        prefetch_k=_pdl.prefetch_cols(weight, weight_rows, k) if pdl else 0,
         HAS_BIAS=bias is not None, ACT=act, STORE_PREACT=preact_out is not None,
         EVEN_K=k % cfg.BLOCK_K == 0, DOT_PREC=dot_precision(x.dtype),
         BLOCK_M=cfg.BLOCK_M, BLOCK_N=cfg.BLOCK_N, BLOCK_K=cfg.BLOCK_K, GROUP_M=cfg.GROUP_M, PDL=pdl,
@@ -296,10 +294,6 @@ def linear_fwd(
     return out
 
 
-def _prefetch_cols(weight: torch.Tensor, rows: int, cols: int) -> int:
-    """Columns per weight row that PDL prefetches into L2 (at most `cols`), keeping the total of `rows`
-    rows under PREFETCH_BYTES."""
-    return max(0, min(cols, PREFETCH_BYTES // (rows * weight.element_size())))
 
 
 def _sm_count(device: torch.device) -> int:

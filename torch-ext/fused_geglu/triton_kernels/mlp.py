@@ -24,6 +24,7 @@ from ._common import (
 )
 from .configs import get_config
 from .geglu import geglu_fwd
+from . import pdl as _pdl
 from .pdl import let_dependents_start, pdl_enabled
 
 
@@ -36,12 +37,12 @@ def _gateup_fwd_kernel(
     HAS_BG: tl.constexpr, HAS_BU: tl.constexpr, STORE_PREACT: tl.constexpr,
     ACT: tl.constexpr, EVEN_K: tl.constexpr, DOT_PREC: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
-    PDL: tl.constexpr = False, W_EVICT: tl.constexpr = "",
+    PDL: tl.constexpr = False, W_EVICT: tl.constexpr = "", TRIGGER_AT_START: tl.constexpr = True,
 ):
     # Decode (PDL): the down GEMM's programs may start now and prefetch their weight into L2. Each weight
     # tile is then read by this one program only (one M tile), so the launcher marks its lines first
     # to leave L2 (W_EVICT = "evict_first").
-    let_dependents_start(PDL)
+    let_dependents_start(PDL, TRIGGER_AT_START)
     pid_m, pid_n = grouped_tile(tl.program_id(0), tl.cdiv(M, BLOCK_M), tl.cdiv(I, BLOCK_N), GROUP_M)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -69,6 +70,7 @@ def _gateup_fwd_kernel(
         a_ptrs += BLOCK_K
         g_ptrs += BLOCK_K
         u_ptrs += BLOCK_K
+    let_dependents_start(PDL, not TRIGGER_AT_START)
     n_ok = offs_n < I
     if HAS_BG:
         acc_g += tl.load(bg_ptr + offs_n, mask=n_ok, other=0.0).to(tl.float32)[None, :]
@@ -178,7 +180,8 @@ def gateup_fwd(
         HAS_BG=b_gate is not None, HAS_BU=b_up is not None, STORE_PREACT=store,
         ACT=act, EVEN_K=hdim % cfg.BLOCK_K == 0, DOT_PREC=dot_precision(x.dtype),
         BLOCK_M=cfg.BLOCK_M, BLOCK_N=cfg.BLOCK_N, BLOCK_K=cfg.BLOCK_K, GROUP_M=cfg.GROUP_M,
-        PDL=pdl, W_EVICT="evict_first" if pdl and m <= cfg.BLOCK_M else "",
+        PDL=pdl, TRIGGER_AT_START=_pdl.TRIGGER_AT_START,
+        W_EVICT="evict_first" if pdl and _pdl.EVICT_FIRST and m <= cfg.BLOCK_M else "",
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     return h_out

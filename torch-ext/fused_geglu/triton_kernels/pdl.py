@@ -28,6 +28,15 @@ import triton.language as tl
 
 # Largest M (tokens) that launches with PDL: the decode sizes the policy sends to these kernels.
 PDL_MAX_M = 64
+# Where a kernel with a PDL successor lets it start: first thing (True), or after its main loop, before
+# the epilogue (False), so that the successor's prefetch lands in L2 shortly before it is read.
+TRIGGER_AT_START = True
+# At most this many bytes of a down weight are prefetched into L2 per PDL launch, in total over all
+# programs (0: no prefetch; the launch latency is still hidden).
+PREFETCH_BYTES = 16 << 20
+# The gate+up kernel marks its weight lines first to leave L2 under PDL (each is read once at M <= its
+# BLOCK_M), so that they do not push out the down weight's prefetched lines.
+EVICT_FIRST = True
 
 
 def pdl_enabled(device: torch.device, m: int) -> bool:
@@ -49,11 +58,18 @@ def launch_kwargs(pdl: bool) -> dict:
     return {"launch_pdl": True} if pdl else {}
 
 
+def prefetch_cols(weight: torch.Tensor, rows: int, cols: int) -> int:
+    """Columns per weight row that a PDL launch prefetches into L2 (at most `cols`), keeping the total
+    over `rows` rows under PREFETCH_BYTES."""
+    return max(0, min(cols, PREFETCH_BYTES // (rows * weight.element_size())))
+
+
 @triton.jit
-def let_dependents_start(PDL: tl.constexpr):
-    """Called first by a kernel whose successor waits with PDL: the successor's programs may take free
-    SM slots from here on (they still wait for this kernel's results before reading them)."""
-    if PDL:
+def let_dependents_start(PDL: tl.constexpr, HERE: tl.constexpr = True):
+    """Called by a kernel whose successor waits with PDL (at its start and after its main loop, HERE
+    true at one of them): the successor's programs may take free SM slots from here on (they still wait
+    for this kernel's results before reading them)."""
+    if PDL and HERE:
         tl.extra.cuda.gdc_launch_dependents()
 
 

@@ -1,0 +1,150 @@
+"""Decode (M = 16) under CUDA-graph replay: the Triton gate+up -> down chain with and without
+programmatic dependent launch, and with the PDL knobs of `triton_kernels/pdl.py` varied (where the
+gate+up kernel lets the down GEMM start, how much of the down weight is prefetched into L2, whether the
+gate+up weights are marked evict-first). Eager's graph is timed in the same rounds as the yardstick.
+
+Each variant is one graph of n calls over n weight sets (together at least 4x L2, so no call finds its
+weights in L2 from the call before); CUDA events around each replay; variants interleaved per round;
+median per call. Not the product benchmark (benchmarks/compare.py): it picks pdl.py's defaults.
+
+  python3 benchmarks/diag/decode_pdl.py --out DIR [--rounds 7] [--tokens 16]
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import os
+import statistics
+import subprocess
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _diag import SHAPES, eager_mlp, load_kernel  # noqa: E402
+
+L2_BYTES = 60 << 20
+# name: (FUSED_GEGLU_PDL, TRIGGER_AT_START, PREFETCH_BYTES, EVICT_FIRST)
+VARIANTS = {
+    "plain": ("0", True, 0, False),
+    "start": ("1", True, 0, False),
+    "start+evict": ("1", True, 0, True),
+    "start+pf16M": ("1", True, 16 << 20, True),
+    "start+pf2M": ("1", True, 2 << 20, True),
+    "end": ("1", False, 0, True),
+    "end+pf16M": ("1", False, 16 << 20, True),
+    "end+pf4M": ("1", False, 4 << 20, True),
+}
+
+
+def configure(pdl, variant: str) -> None:
+    flag, at_start, prefetch, evict = VARIANTS[variant]
+    os.environ["FUSED_GEGLU_PDL"] = flag
+    pdl.TRIGGER_AT_START, pdl.PREFETCH_BYTES, pdl.EVICT_FIRST = at_start, prefetch, evict
+
+
+def graph_of(fn, sets):
+    """One CUDA graph calling fn on every set (compiled and warmed outside the capture)."""
+    for s in sets:
+        fn(*s)
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        outs = [fn(*s) for s in sets]
+    g.replay()
+    torch.cuda.synchronize()
+    return g, outs
+
+
+def time_replays(g, reps: int) -> list[float]:
+    ev = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(reps)]
+    for a, b in ev:
+        a.record()
+        g.replay()
+        b.record()
+    torch.cuda.synchronize()
+    return [a.elapsed_time(b) * 1e3 for a, b in ev]
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--out", required=True)
+    p.add_argument("--rounds", type=int, default=7)
+    p.add_argument("--reps", type=int, default=20)
+    p.add_argument("--tokens", type=int, default=16)
+    p.add_argument("--variants", default=",".join(VARIANTS))
+    args = p.parse_args()
+    k = load_kernel()
+    pdl = importlib.import_module(k.__name__ + ".triton_kernels.pdl")
+    dev, dt = torch.device("cuda"), torch.bfloat16
+    variants = args.variants.split(",")
+    torch.manual_seed(0)
+    # copy bandwidth: the floor is the three weights read once at this rate
+    src = torch.empty(1 << 28, dtype=torch.uint8, device=dev)
+    dst = torch.empty_like(src)
+    for _ in range(3):
+        dst.copy_(src)
+    e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    e0.record()
+    for _ in range(20):
+        dst.copy_(src)
+    e1.record()
+    torch.cuda.synchronize()
+    copy_gbs = 2 * src.numel() * 20 / (e0.elapsed_time(e1) * 1e-3) / 1e9
+    del src, dst
+    results = {}
+    for name, (h, i) in SHAPES.items():
+        per_set = 3 * h * i * 2
+        n = max(2, -(-4 * L2_BYTES // per_set))
+        sets = []
+        for _ in range(n):
+            x = torch.randn(args.tokens, h, device=dev, dtype=dt)
+            wg = torch.randn(i, h, device=dev, dtype=dt) * h**-0.5
+            wu = torch.randn(i, h, device=dev, dtype=dt) * h**-0.5
+            wd = torch.randn(h, i, device=dev, dtype=dt) * i**-0.5
+            sets.append((x, wg, wu, wd))
+        graphs, outs = {}, {}
+        for v in variants:
+            configure(pdl, v)
+            graphs[v], outs[v] = graph_of(lambda x, wg, wu, wd: k.geglu_mlp(x, wg, wu, wd, backend="triton"), sets)
+        os.environ["FUSED_GEGLU_PDL"] = "0"
+        graphs["eager"], outs["eager"] = graph_of(eager_mlp, sets)
+        same = {v: all(torch.equal(a, b) for a, b in zip(outs[v], outs["plain"])) for v in variants}
+        times = {v: [] for v in graphs}
+        for r in range(args.rounds):
+            order = list(graphs) if r % 2 == 0 else list(reversed(graphs))
+            for v in order:
+                times[v] += [t / n for t in time_replays(graphs[v], args.reps)]
+        floor = per_set / (copy_gbs * 1e9) * 1e6
+        row = {"H": h, "I": i, "tokens": args.tokens, "n_sets": n, "floor_us": floor,
+               "same_bits_as_plain": same,
+               "median_us": {v: statistics.median(t) for v, t in times.items()},
+               "p20_us": {v: sorted(t)[len(t) // 5] for v, t in times.items()},
+               "p80_us": {v: sorted(t)[4 * len(t) // 5] for v, t in times.items()}}
+        results[name] = row
+        print(f"{name:10s} floor {floor:6.1f} | " + " ".join(f"{v}={row['median_us'][v]:.1f}" for v in graphs),
+              flush=True)
+        del graphs, outs, sets
+        torch.cuda.empty_cache()
+    env = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
+           "cuda": torch.version.cuda, "triton": importlib.import_module("triton").__version__,
+           "commit": os.environ.get("FUSED_GEGLU_COMMIT", ""), "copy_gbs": copy_gbs,
+           "variants": {v: VARIANTS[v] for v in variants}}
+    try:
+        env["driver"] = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                                       capture_output=True, text=True, timeout=20).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        env["driver"] = None
+    os.makedirs(args.out, exist_ok=True)
+    with open(os.path.join(args.out, "decode-pdl.json"), "w") as f:
+        json.dump({"env": env, "rows": results}, f, indent=1)
+    print("variant       " + " ".join(f"{n:>10s}" for n in results))
+    for v in list(variants) + ["eager"]:
+        print(f"{v:13s} " + " ".join(f"{results[n]['median_us'][v]:10.1f}" for n in results))
+    print(f"{'floor':13s} " + " ".join(f"{results[n]['floor_us']:10.1f}" for n in results))
+
+
+if __name__ == "__main__":
+    main()
