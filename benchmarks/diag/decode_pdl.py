@@ -1,7 +1,8 @@
 """Decode (M = 16) under CUDA-graph replay: the Triton gate+up -> down chain with and without
-programmatic dependent launch, and with the PDL knobs of `triton_kernels/pdl.py` varied (where the
-gate+up kernel lets the down GEMM start, how much of the down weight is prefetched into L2, whether the
-gate+up weights are marked evict-first). Eager's graph is timed in the same rounds as the yardstick.
+programmatic dependent launch, and with its trigger first thing or after the main loop
+(`triton_kernels/pdl.py`). Eager's graph is timed in the same rounds as the yardstick; `--profile`
+adds the GPU time per kernel of each graph (torch.profiler), to show where a decode step goes.
+(The measurements of 85f3c03 also varied an L2 prefetch of the down weight, since removed: pdl.py.)
 
 Each variant is one graph of n calls over n weight sets (together at least 4x L2, so no call finds its
 weights in L2 from the call before); CUDA events around each replay; variants interleaved per round;
@@ -23,26 +24,17 @@ import sys
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _diag import SHAPES, eager_mlp, load_kernel  # noqa: E402
+from _diag import SHAPES, eager_mlp, kernel_times, load_kernel  # noqa: E402
 
 L2_BYTES = 60 << 20
-# name: (FUSED_GEGLU_PDL, TRIGGER_AT_START, PREFETCH_BYTES, EVICT_FIRST)
-VARIANTS = {
-    "plain": ("0", True, 0, False),
-    "start": ("1", True, 0, False),
-    "start+evict": ("1", True, 0, True),
-    "start+pf16M": ("1", True, 16 << 20, True),
-    "start+pf2M": ("1", True, 2 << 20, True),
-    "end": ("1", False, 0, True),
-    "end+pf16M": ("1", False, 16 << 20, True),
-    "end+pf4M": ("1", False, 4 << 20, True),
-}
+# name: (FUSED_GEGLU_PDL, pdl.TRIGGER_AT_START)
+VARIANTS = {"plain": ("0", False), "start": ("1", True), "end": ("1", False)}
 
 
 def configure(pdl, variant: str) -> None:
-    flag, at_start, prefetch, evict = VARIANTS[variant]
+    flag, at_start = VARIANTS[variant]
     os.environ["FUSED_GEGLU_PDL"] = flag
-    pdl.TRIGGER_AT_START, pdl.PREFETCH_BYTES, pdl.EVICT_FIRST = at_start, prefetch, evict
+    pdl.TRIGGER_AT_START = at_start
 
 
 def graph_of(fn, sets):
@@ -75,6 +67,7 @@ def main() -> None:
     p.add_argument("--reps", type=int, default=20)
     p.add_argument("--tokens", type=int, default=16)
     p.add_argument("--variants", default=",".join(VARIANTS))
+    p.add_argument("--profile", action="store_true", help="also GPU time per kernel of each graph")
     args = p.parse_args()
     k = load_kernel()
     pdl = importlib.import_module(k.__name__ + ".triton_kernels.pdl")
@@ -123,6 +116,11 @@ def main() -> None:
                "median_us": {v: statistics.median(t) for v, t in times.items()},
                "p20_us": {v: sorted(t)[len(t) // 5] for v, t in times.items()},
                "p80_us": {v: sorted(t)[4 * len(t) // 5] for v, t in times.items()}}
+        if args.profile:
+            row["kernels_us_per_call"] = {
+                v: {kn: t / n for kn, t in kernel_times(graphs[v].replay, steps=10).items()} for v in graphs}
+            for v, ks in row["kernels_us_per_call"].items():
+                print(f"  {name} {v}: " + ", ".join(f"{kn[:48]} {t:.1f}" for kn, t in sorted(ks.items(), key=lambda kv: -kv[1])))
         results[name] = row
         print(f"{name:10s} floor {floor:6.1f} | " + " ".join(f"{v}={row['median_us'][v]:.1f}" for v in graphs),
               flush=True)

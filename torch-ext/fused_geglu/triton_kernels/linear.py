@@ -32,7 +32,7 @@ from ._common import (
 )
 from .configs import MAX_SPLIT_K, get_config
 from . import pdl as _pdl
-from .pdl import launch_kwargs, let_dependents_start, pdl_enabled, prefetch_rows_l2, wait_for_previous
+from .pdl import launch_kwargs, let_dependents_start, pdl_enabled, wait_for_previous
 
 
 @triton.jit
@@ -43,7 +43,7 @@ def _linear_fwd_kernel(
     HAS_BIAS: tl.constexpr, ACT: tl.constexpr, STORE_PREACT: tl.constexpr,
     EVEN_K: tl.constexpr, DOT_PREC: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
-    prefetch_k=0, PDL: tl.constexpr = False,
+    PDL: tl.constexpr = False,
 ):
     pid_m, pid_n = grouped_tile(tl.program_id(0), tl.cdiv(M, BLOCK_M), tl.cdiv(N, BLOCK_N), GROUP_M)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -51,10 +51,7 @@ def _linear_fwd_kernel(
     rk = tl.arange(0, BLOCK_K)
     am = (offs_m % M).to(tl.int64)
     bn = (offs_n % N).to(tl.int64)
-    # PDL (decode): pull the first prefetch_k columns of this weight tile into L2 while the kernel
-    # before still runs, then wait for it (x is its output).
-    prefetch_rows_l2(w_ptr, bn, stride_wn, 0, prefetch_k, K, PDL)
-    wait_for_previous(PDL)
+    wait_for_previous(PDL)  # decode: x is the previous kernel's output
     a_ptrs = x_ptr + am[:, None] * stride_xm + rk[None, :]  # [BM, BK]
     b_ptrs = w_ptr + bn[None, :] * stride_wn + rk[:, None]  # [BK, BN] = W.T tile
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
@@ -83,22 +80,19 @@ def _linear_splitk_kernel(
     stride_xm, stride_wn,
     EVEN_K: tl.constexpr, DOT_PREC: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    prefetch_k=0, PDL: tl.constexpr = False, TRIGGER_AT_START: tl.constexpr = True,
+    PDL: tl.constexpr = False, TRIGGER_AT_START: tl.constexpr = False,
 ):
     # Skinny M (decode): an [M, N] output has too few tiles to keep every SM streaming the weight,
     # so each program also takes one K slice and stores its fp32 partial sum; _splitk_reduce_kernel
     # adds the slices in a fixed order (deterministic, no atomics) and runs the epilogue.
-    let_dependents_start(PDL, TRIGGER_AT_START)  # the reduction may take free SM slots from here
+    let_dependents_start(PDL, TRIGGER_AT_START)  # PDL: the reduction may take SM slots from here or
     pid_n, pid_m, pid_s = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     rk = pid_s * K_PER_SPLIT + tl.arange(0, BLOCK_K)  # absolute k of this slice's first step
     am = (offs_m % M).to(tl.int64)
     bn = (offs_n % N).to(tl.int64)
-    # PDL: this program's weight slice goes to L2 while the gate+up kernel finishes; x (its h) is read
-    # only after the wait.
-    prefetch_rows_l2(w_ptr, bn, stride_wn, pid_s * K_PER_SPLIT, prefetch_k, K, PDL)
-    wait_for_previous(PDL)
+    wait_for_previous(PDL)  # decode: x is the gate+up kernel's h
     a_ptrs = x_ptr + am[:, None] * stride_xm + rk[None, :]  # [BM, BK]
     b_ptrs = w_ptr + bn[None, :] * stride_wn + rk[:, None]  # [BK, BN] = W.T tile
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
@@ -113,7 +107,7 @@ def _linear_splitk_kernel(
         acc = tl.dot(a, b, acc, input_precision=DOT_PREC)
         a_ptrs += BLOCK_K
         b_ptrs += BLOCK_K
-    let_dependents_start(PDL, not TRIGGER_AT_START)
+    let_dependents_start(PDL, not TRIGGER_AT_START)  # from here (pdl.TRIGGER_AT_START)
     store_tile(part_ptr + pid_s.to(tl.int64) * M * N, N, offs_m, offs_n, M, N, acc)
 
 
@@ -261,12 +255,10 @@ def linear_fwd(
     tiles = triton.cdiv(m, cfg.BLOCK_M) * triton.cdiv(n, cfg.BLOCK_N)
     split, k_per_split = _k_slices(cfg, tiles, k, x.device)
     pdl = pdl_enabled(x.device, m)
-    weight_rows = triton.cdiv(n, cfg.BLOCK_N) * cfg.BLOCK_N  # rows the programs prefetch (any M tile)
     if split > 1:
         part = torch.empty((split, m, n), device=x.device, dtype=torch.float32)
         _linear_splitk_kernel[(triton.cdiv(n, cfg.BLOCK_N), triton.cdiv(m, cfg.BLOCK_M), split)](
             x, weight, part, m, n, k, k_per_split, x.stride(0), weight.stride(0),
-            prefetch_k=_pdl.prefetch_cols(weight, weight_rows * split, k_per_split) if pdl else 0,
             EVEN_K=k % k_per_split == 0, DOT_PREC=dot_precision(x.dtype),
             BLOCK_M=cfg.BLOCK_M, BLOCK_N=cfg.BLOCK_N, BLOCK_K=cfg.BLOCK_K, PDL=pdl,
             TRIGGER_AT_START=_pdl.TRIGGER_AT_START,
@@ -285,15 +277,12 @@ def linear_fwd(
         x, weight, or_dummy(bias, out), out, or_dummy(preact_out, out), m, n, k,
         x.stride(0), weight.stride(0), out.stride(0),
         preact_out.stride(0) if preact_out is not None else 0,
-        prefetch_k=_pdl.prefetch_cols(weight, weight_rows, k) if pdl else 0,
         HAS_BIAS=bias is not None, ACT=act, STORE_PREACT=preact_out is not None,
         EVEN_K=k % cfg.BLOCK_K == 0, DOT_PREC=dot_precision(x.dtype),
         BLOCK_M=cfg.BLOCK_M, BLOCK_N=cfg.BLOCK_N, BLOCK_K=cfg.BLOCK_K, GROUP_M=cfg.GROUP_M, PDL=pdl,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages, **launch_kwargs(pdl),
     )
     return out
-
-
 
 
 def _sm_count(device: torch.device) -> int:

@@ -37,11 +37,10 @@ def _gateup_fwd_kernel(
     HAS_BG: tl.constexpr, HAS_BU: tl.constexpr, STORE_PREACT: tl.constexpr,
     ACT: tl.constexpr, EVEN_K: tl.constexpr, DOT_PREC: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
-    PDL: tl.constexpr = False, W_EVICT: tl.constexpr = "", TRIGGER_AT_START: tl.constexpr = True,
+    PDL: tl.constexpr = False, TRIGGER_AT_START: tl.constexpr = False,
 ):
-    # Decode (PDL): the down GEMM's programs may start now and prefetch their weight into L2. Each weight
-    # tile is then read by this one program only (one M tile), so the launcher marks its lines first
-    # to leave L2 (W_EVICT = "evict_first").
+    # Decode (PDL, triton_kernels/pdl.py): the down GEMM's programs may take SM slots from here (or from
+    # the end of the main loop) and wait there for h.
     let_dependents_start(PDL, TRIGGER_AT_START)
     pid_m, pid_n = grouped_tile(tl.program_id(0), tl.cdiv(M, BLOCK_M), tl.cdiv(I, BLOCK_N), GROUP_M)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -58,13 +57,13 @@ def _gateup_fwd_kernel(
         # One x tile feeds both weight tiles: x is read once for gate and up.
         if EVEN_K:
             a = tl.load(a_ptrs)
-            bg = tl.load(g_ptrs, eviction_policy=W_EVICT)
-            bu = tl.load(u_ptrs, eviction_policy=W_EVICT)
+            bg = tl.load(g_ptrs)
+            bu = tl.load(u_ptrs)
         else:
             k_ok = rk < H - k0
             a = tl.load(a_ptrs, mask=k_ok[None, :], other=0.0)
-            bg = tl.load(g_ptrs, mask=k_ok[:, None], other=0.0, eviction_policy=W_EVICT)
-            bu = tl.load(u_ptrs, mask=k_ok[:, None], other=0.0, eviction_policy=W_EVICT)
+            bg = tl.load(g_ptrs, mask=k_ok[:, None], other=0.0)
+            bu = tl.load(u_ptrs, mask=k_ok[:, None], other=0.0)
         acc_g = tl.dot(a, bg, acc_g, input_precision=DOT_PREC)
         acc_u = tl.dot(a, bu, acc_u, input_precision=DOT_PREC)
         a_ptrs += BLOCK_K
@@ -181,7 +180,6 @@ def gateup_fwd(
         ACT=act, EVEN_K=hdim % cfg.BLOCK_K == 0, DOT_PREC=dot_precision(x.dtype),
         BLOCK_M=cfg.BLOCK_M, BLOCK_N=cfg.BLOCK_N, BLOCK_K=cfg.BLOCK_K, GROUP_M=cfg.GROUP_M,
         PDL=pdl, TRIGGER_AT_START=_pdl.TRIGGER_AT_START,
-        W_EVICT="evict_first" if pdl and _pdl.EVICT_FIRST and m <= cfg.BLOCK_M else "",
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     return h_out

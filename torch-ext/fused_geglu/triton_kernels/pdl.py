@@ -1,19 +1,23 @@
 """Programmatic dependent launch (PDL) for the decode chain: gate+up -> down GEMM -> split-K reduction.
 
 At decode sizes (M <= 64 tokens) each kernel streams its weight in a few microseconds, so the gap between
-two kernels (the next grid's launch, then the first DRAM round trip of its loads) is a large share of the
-step. On sm90 a kernel launched with the PDL attribute may start while the kernel before it still runs:
-its programs take free SM slots once every program of the earlier kernel has executed
-`griddepcontrol.launch_dependents` (issued first thing by the kernels here), prefetch their slice of the
-weight into L2, and then block in `griddepcontrol.wait` until the earlier kernel has finished and its
-writes are visible. Only what the earlier kernel produces (h, the fp32 partial sums) is read after the
-wait.
+two kernels (the next grid's launch and start-up) is a visible share of the step. On sm90 a kernel
+launched with the PDL attribute may start while the kernel before it still runs: its programs take free SM
+slots once every program of the earlier kernel has executed `griddepcontrol.launch_dependents`, and then
+block in `griddepcontrol.wait` until that kernel has finished and its writes are visible. Nothing is read
+before the wait, so a kernel launched this way sees exactly what a plain launch sees (the GPU tests
+compare the bits).
 
-Why an L2 prefetch and not loads into registers before the wait: a weight loaded into registers before
-`griddepcontrol.wait` could be stale if the kernel before wrote it (an optimizer step, a weight copy),
-since that kernel may not have finished. A prefetch only moves lines into L2, where every write lands, so
-whatever is read after the wait is current. Both instructions are hints the hardware may drop: with the
-attribute off, `wait` returns at once and the prefetch is a plain L2 fill.
+Measured on the H200 (`benchmarks/diag/decode_pdl.py`, `decode-pdl-h200-85f3c03.json`, M = 16, graph
+replay, µs per MLP for Gemma3-1B / Gemma-2B / Gemma2-9B):
+
+- plain launches 22.5 / 59.1 / 82.2;
+- trigger after the main loop (the default) 22.0 / 58.6 / 81.7, p20-p80 ranges apart from plain's;
+- trigger first thing 22.7 / 62.0 / 84.3: the waiting programs then sit on SM slots for the whole
+  earlier kernel and slow it;
+- prefetching the down weight into L2 before the wait (16 MB: 26.4 / 63.5 / 85.6 with the early trigger;
+  4 MB with the late one: 22.5 / 58.4 / 81.9) loses or ties: while the gate+up kernel streams its own
+  weights, the prefetched lines leave L2 before they are read, so they are fetched twice. It is not done.
 
 `FUSED_GEGLU_PDL=0` turns it off (for measuring); it is off on CPU tensors (the interpreter has neither
 instruction) and before sm90.
@@ -28,15 +32,9 @@ import triton.language as tl
 
 # Largest M (tokens) that launches with PDL: the decode sizes the policy sends to these kernels.
 PDL_MAX_M = 64
-# Where a kernel with a PDL successor lets it start: first thing (True), or after its main loop, before
-# the epilogue (False), so that the successor's prefetch lands in L2 shortly before it is read.
-TRIGGER_AT_START = True
-# At most this many bytes of a down weight are prefetched into L2 per PDL launch, in total over all
-# programs (0: no prefetch; the launch latency is still hidden).
-PREFETCH_BYTES = 16 << 20
-# The gate+up kernel marks its weight lines first to leave L2 under PDL (each is read once at M <= its
-# BLOCK_M), so that they do not push out the down weight's prefetched lines.
-EVICT_FIRST = True
+# Where a kernel with a PDL successor lets it start: first thing (True) or after its main loop, before
+# the epilogue (False, measured faster, see above). A knob for decode_pdl.py.
+TRIGGER_AT_START = False
 
 
 def pdl_enabled(device: torch.device, m: int) -> bool:
@@ -58,17 +56,11 @@ def launch_kwargs(pdl: bool) -> dict:
     return {"launch_pdl": True} if pdl else {}
 
 
-def prefetch_cols(weight: torch.Tensor, rows: int, cols: int) -> int:
-    """Columns per weight row that a PDL launch prefetches into L2 (at most `cols`), keeping the total
-    over `rows` rows under PREFETCH_BYTES."""
-    return max(0, min(cols, PREFETCH_BYTES // (rows * weight.element_size())))
-
-
 @triton.jit
-def let_dependents_start(PDL: tl.constexpr, HERE: tl.constexpr = True):
-    """Called by a kernel whose successor waits with PDL (at its start and after its main loop, HERE
-    true at one of them): the successor's programs may take free SM slots from here on (they still wait
-    for this kernel's results before reading them)."""
+def let_dependents_start(PDL: tl.constexpr, HERE: tl.constexpr):
+    """Called by a kernel whose successor waits with PDL, at its start and after its main loop (HERE true
+    at one of them): the successor's programs may take free SM slots from here on (they still wait for
+    this kernel's results before reading anything)."""
     if PDL and HERE:
         tl.extra.cuda.gdc_launch_dependents()
 
@@ -78,20 +70,3 @@ def wait_for_previous(PDL: tl.constexpr):
     """Block until the kernel launched before this one has finished and its writes are visible."""
     if PDL:
         tl.extra.cuda.gdc_wait()
-
-
-@triton.jit
-def prefetch_rows_l2(ptr, rows, stride, k_lo, count, K, PDL: tl.constexpr):
-    """Prefetch elements [k_lo, min(k_lo + count, K)) of the given rows (int64 offsets, all valid) of a
-    row-major matrix into L2: one `prefetch.global.L2` per 128-byte line, 8 lines per row per step."""
-    if PDL:
-        LINE: tl.constexpr = 1024 // ptr.dtype.element_ty.primitive_bitwidth  # elements per 128 B
-        k_hi = tl.minimum(k_lo + count, K)
-        lines = tl.arange(0, 8) * LINE
-        for k0 in range(k_lo, k_hi, 8 * LINE):
-            k = tl.minimum(k0 + lines, k_hi - 1)
-            tl.inline_asm_elementwise(
-                "prefetch.global.L2 [$1]; mov.u32 $0, 0;", "=r,l",
-                [ptr + rows[:, None] * stride + k[None, :]],
-                dtype=tl.int32, is_pure=False, pack=1,
-            )
