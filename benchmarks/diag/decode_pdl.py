@@ -31,10 +31,40 @@ L2_BYTES = 60 << 20
 VARIANTS = {"plain": ("0", False), "start": ("1", True), "end": ("1", False)}
 
 
+# Launch-config variants (PDL as shipped): fields replacing those of the tuned M=16 entries of
+# configs_sm90.json for the shape, for finding better decode tiles in the same rounds.
+CONFIG_VARIANTS = {
+    "down-s8": {"linear_fwd": {"SPLIT_K": 8}},
+    "down-bn32": {"linear_fwd": {"BLOCK_N": 32}},
+    "gateup-bn32": {"gateup_fwd": {"BLOCK_N": 32}},
+    "gateup-bn32+down-s8": {"gateup_fwd": {"BLOCK_N": 32}, "linear_fwd": {"SPLIT_K": 8}},
+}
+
+
 def configure(pdl, variant: str) -> None:
-    flag, at_start = VARIANTS[variant]
+    flag, at_start = VARIANTS.get(variant, ("1", False))
     os.environ["FUSED_GEGLU_PDL"] = flag
     pdl.TRIGGER_AT_START = at_start
+
+
+def with_configs(cfgmod, tokens: int, h: int, i: int, variant: str):
+    """Tuned-config overrides of `variant` for this shape, applied to configs_sm90.json's table in
+    memory; returns the undo function."""
+    table = cfgmod._load_json((9, 0))["tuned"]
+    keys = {"gateup_fwd": f"M={tokens},N={i},K={h}", "linear_fwd": f"M={tokens},N={h},K={i}"}
+    saved = []
+    for kern, fields in CONFIG_VARIANTS.get(variant, {}).items():
+        entry = table[kern][keys[kern]]
+        saved.append((entry, dict(entry)))
+        entry.update(fields)
+    cfgmod._gpu_config.cache_clear()
+
+    def undo():
+        for entry, old in saved:
+            entry.clear()
+            entry.update(old)
+        cfgmod._gpu_config.cache_clear()
+    return undo
 
 
 def graph_of(fn, sets):
@@ -66,11 +96,12 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=7)
     p.add_argument("--reps", type=int, default=20)
     p.add_argument("--tokens", type=int, default=16)
-    p.add_argument("--variants", default=",".join(VARIANTS))
+    p.add_argument("--variants", default=",".join(VARIANTS), help="of " + ",".join([*VARIANTS, *CONFIG_VARIANTS]))
     p.add_argument("--profile", action="store_true", help="also GPU time per kernel of each graph")
     args = p.parse_args()
     k = load_kernel()
     pdl = importlib.import_module(k.__name__ + ".triton_kernels.pdl")
+    cfgmod = importlib.import_module(k.__name__ + ".triton_kernels.configs")
     dev, dt = torch.device("cuda"), torch.bfloat16
     variants = args.variants.split(",")
     torch.manual_seed(0)
@@ -101,10 +132,15 @@ def main() -> None:
         graphs, outs = {}, {}
         for v in variants:
             configure(pdl, v)
+            undo = with_configs(cfgmod, args.tokens, h, i, v)
             graphs[v], outs[v] = graph_of(lambda x, wg, wu, wd: k.geglu_mlp(x, wg, wu, wd, backend="triton"), sets)
+            undo()
         os.environ["FUSED_GEGLU_PDL"] = "0"
         graphs["eager"], outs["eager"] = graph_of(eager_mlp, sets)
-        same = {v: all(torch.equal(a, b) for a, b in zip(outs[v], outs["plain"])) for v in variants}
+        base = "plain" if "plain" in outs else variants[0]
+        same = {v: all(torch.equal(a, b) for a, b in zip(outs[v], outs[base])) for v in variants}
+        maxdiff = {v: max((a.float() - b.float()).abs().max().item() for a, b in zip(outs[v], outs[base]))
+                   for v in variants}
         times = {v: [] for v in graphs}
         for r in range(args.rounds):
             order = list(graphs) if r % 2 == 0 else list(reversed(graphs))
@@ -112,7 +148,7 @@ def main() -> None:
                 times[v] += [t / n for t in time_replays(graphs[v], args.reps)]
         floor = per_set / (copy_gbs * 1e9) * 1e6
         row = {"H": h, "I": i, "tokens": args.tokens, "n_sets": n, "floor_us": floor,
-               "same_bits_as_plain": same,
+               "same_bits_as": base, "same_bits": same, "max_abs_diff": maxdiff,
                "median_us": {v: statistics.median(t) for v, t in times.items()},
                "p20_us": {v: sorted(t)[len(t) // 5] for v, t in times.items()},
                "p80_us": {v: sorted(t)[4 * len(t) // 5] for v, t in times.items()}}
@@ -129,7 +165,7 @@ def main() -> None:
     env = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
            "cuda": torch.version.cuda, "triton": importlib.import_module("triton").__version__,
            "commit": os.environ.get("FUSED_GEGLU_COMMIT", ""), "copy_gbs": copy_gbs,
-           "variants": {v: VARIANTS[v] for v in variants}}
+           "variants": {v: VARIANTS.get(v) or CONFIG_VARIANTS[v] for v in variants}}
     try:
         env["driver"] = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
                                        capture_output=True, text=True, timeout=20).stdout.strip()
