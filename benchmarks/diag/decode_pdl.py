@@ -14,6 +14,7 @@ median per call. Not the product benchmark (benchmarks/compare.py): it picks pdl
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import importlib
 import json
 import os
@@ -54,15 +55,14 @@ def with_configs(cfgmod, tokens: int, h: int, i: int, variant: str):
     keys = {"gateup_fwd": f"M={tokens},N={i},K={h}", "linear_fwd": f"M={tokens},N={h},K={i}"}
     saved = []
     for kern, fields in CONFIG_VARIANTS.get(variant, {}).items():
-        entry = table[kern][keys[kern]]
-        saved.append((entry, dict(entry)))
-        entry.update(fields)
+        old = table[kern][keys[kern]]  # a frozen KernelConfig
+        saved.append((kern, old))
+        table[kern][keys[kern]] = dataclasses.replace(old, **fields)
     cfgmod._gpu_config.cache_clear()
 
     def undo():
-        for entry, old in saved:
-            entry.clear()
-            entry.update(old)
+        for kern, old in saved:
+            table[kern][keys[kern]] = old
         cfgmod._gpu_config.cache_clear()
     return undo
 
