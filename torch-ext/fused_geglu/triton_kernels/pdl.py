@@ -12,7 +12,8 @@ Measured on the H200 (`benchmarks/diag/decode_pdl.py`, `decode-pdl-h200-85f3c03.
 replay, µs per MLP for Gemma3-1B / Gemma-2B / Gemma2-9B):
 
 - plain launches 22.5 / 59.1 / 82.2;
-- trigger after the main loop (the default) 22.0 / 58.6 / 81.7, p20-p80 ranges apart from plain's;
+- trigger after the main loop (the default) 22.0 / 58.6 / 81.7 (2bed689: 22.0 / 58.7 / 81.8 against
+  plain 22.4 / 59.2 / 82.5; the p20-p80 ranges are apart at Gemma3-1B, a few tenths overlapping above);
 - trigger first thing 22.7 / 62.0 / 84.3: the waiting programs then sit on SM slots for the whole
   earlier kernel and slow it;
 - prefetching the down weight into L2 before the wait (16 MB: 26.4 / 63.5 / 85.6 with the early trigger;
