@@ -247,6 +247,50 @@ def test_geglu_mlp_decode_pdl_matches_plain_launches(kernel, device, monkeypatch
     assert_close(with_pdl[1], ref, _eager(x, *params, "tanh"), "geglu_mlp decode with PDL")
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("shape", [(3, 24, 72), ((2, 5), 40, 200), (16, 1152, 6912), (33, 200, 2304)], ids=str)
+def test_geglu_mlp_decode_reduces_split_k_in_the_down_gemm(kernel, device, monkeypatch, dtype, shape):
+    """At decode sizes the Triton MLP sums the down GEMM's K slices in the down GEMM itself (the last
+    program of each tile, on counters its gate+up kernel zeroed). It must give the bits of the separate
+    reduction kernel, also for `linear` run on its own, and leave the counters at zero for the next call.
+    CPU: the interpreter at small sizes (K splits there too); GPU: real widths, split 4 ways."""
+    import importlib
+
+    _skip_unless(kernel, device, "triton", dtype)
+    tokens, h, i = shape
+    if device == "cpu" and i > 300:
+        pytest.skip("real widths run on the GPU (the interpreter takes minutes)")
+    tk_linear = importlib.import_module(kernel.__name__ + ".triton_kernels.linear")
+    tk_mlp = importlib.import_module(kernel.__name__ + ".triton_kernels.mlp")
+    lead = tokens if isinstance(tokens, tuple) else (tokens,)
+    x = randn(*lead, h, dtype=dtype, device=device)
+    params = [p.detach() for p in _params(h, i, dtype, device, biases=True)]
+    fused = kernel.geglu_mlp(x, *params, approximate="tanh", backend="triton")
+    monkeypatch.setattr(tk_linear, "FUSED_REDUCE_MAX_M", 0)
+    separate = kernel.geglu_mlp(x, *params, approximate="tanh", backend="triton")
+    assert torch.equal(fused, separate), "the fused split-K reduction changed the result"
+    assert_close(fused, kernel.reference.geglu_mlp_ref(x, *params, approximate="tanh"),
+                 _eager(x, *params, "tanh"), "geglu_mlp decode, fused split-K reduction")
+
+    # The launchers directly: counters zeroed by gate+up, used and re-armed by the down GEMM, twice.
+    x2 = x.reshape(-1, h)
+    m = x2.shape[0]
+    counters = torch.full((tk_linear.splitk_counters(m, h),), 7, dtype=torch.int32, device=device)
+    hid = torch.empty(m, i, dtype=dtype, device=device)
+    tk_mlp.gateup_fwd(hid, x2, params[0], params[1], params[3], params[4], "tanh", None, None, zero_out=counters)
+    assert not counters.any(), "gate+up left the counters non-zero"
+    plain = tk_linear.linear_fwd(torch.empty(m, h, dtype=dtype, device=device), hid, params[2], params[5],
+                                 "gelu_tanh", None)
+    for _ in range(2):
+        out = tk_linear.linear_fwd(torch.empty(m, h, dtype=dtype, device=device), hid, params[2], params[5],
+                                   "gelu_tanh", None, tile_counters=counters)
+        assert torch.equal(out, plain)
+        assert not counters.any(), "the down GEMM did not re-arm its counters"
+    with pytest.raises(ValueError, match="tile_counters holds 1 counters"):
+        tk_linear.linear_fwd(torch.empty(m, h, dtype=dtype, device=device), hid, params[2], params[5],
+                             "none", None, tile_counters=counters[:1])
+
+
 def test_pdl_only_for_decode_on_sm90(kernel, monkeypatch):
     """Programmatic dependent launch is asked for only at decode sizes on a CUDA device of sm_90 or
     newer, and FUSED_GEGLU_PDL=0 turns it off (CPU: the capability lookup is stubbed)."""

@@ -1,6 +1,7 @@
 """Decode (M = 16) under CUDA-graph replay: the Triton gate+up -> down chain with and without
-programmatic dependent launch, and with its trigger first thing or after the main loop
-(`triton_kernels/pdl.py`). Eager's graph is timed in the same rounds as the yardstick; `--profile`
+programmatic dependent launch, with its trigger first thing or after the main loop
+(`triton_kernels/pdl.py`), and with the split-K slices summed by a reduction kernel or by the down GEMM's
+last program per tile (`linear.FUSED_REDUCE_MAX_M`). Eager's graph is timed in the same rounds as the yardstick; `--profile`
 adds the GPU time per kernel of each graph (torch.profiler), to show where a decode step goes.
 (The measurements of 85f3c03 also varied an L2 prefetch of the down weight, since removed: pdl.py.)
 
@@ -28,8 +29,13 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _diag import SHAPES, eager_mlp, kernel_times, load_kernel  # noqa: E402
 
 L2_BYTES = 60 << 20
-# name: (FUSED_GEGLU_PDL, pdl.TRIGGER_AT_START)
-VARIANTS = {"plain": ("0", False), "start": ("1", True), "end": ("1", False)}
+# name: (FUSED_GEGLU_PDL, pdl.TRIGGER_AT_START, split-K slices summed in the down GEMM)
+VARIANTS = {
+    "plain": ("0", False, False),
+    "start": ("1", True, False),
+    "end-separate": ("1", False, False),
+    "end": ("1", False, True),
+}
 
 
 # Launch-config variants (PDL as shipped): fields replacing those of the tuned M=16 entries of
@@ -42,10 +48,11 @@ CONFIG_VARIANTS = {
 }
 
 
-def configure(pdl, variant: str) -> None:
-    flag, at_start = VARIANTS.get(variant, ("1", False))
+def configure(pdl, tk_linear, variant: str) -> None:
+    flag, at_start, fused = VARIANTS.get(variant, ("1", False, True))
     os.environ["FUSED_GEGLU_PDL"] = flag
     pdl.TRIGGER_AT_START = at_start
+    tk_linear.FUSED_REDUCE_MAX_M = 64 if fused else 0
 
 
 def with_configs(cfgmod, tokens: int, h: int, i: int, variant: str):
@@ -102,6 +109,7 @@ def main() -> None:
     k = load_kernel()
     pdl = importlib.import_module(k.__name__ + ".triton_kernels.pdl")
     cfgmod = importlib.import_module(k.__name__ + ".triton_kernels.configs")
+    tk_linear = importlib.import_module(k.__name__ + ".triton_kernels.linear")
     dev, dt = torch.device("cuda"), torch.bfloat16
     variants = args.variants.split(",")
     torch.manual_seed(0)
@@ -131,7 +139,7 @@ def main() -> None:
             sets.append((x, wg, wu, wd))
         graphs, outs = {}, {}
         for v in variants:
-            configure(pdl, v)
+            configure(pdl, tk_linear, v)
             undo = with_configs(cfgmod, args.tokens, h, i, v)
             graphs[v], outs[v] = graph_of(lambda x, wg, wu, wd: k.geglu_mlp(x, wg, wu, wd, backend="triton"), sets)
             undo()

@@ -85,9 +85,13 @@ def _forward(x, w_gate, w_up, w_down, b_gate, b_up, b_down, approximate: str, sa
         if save_preact:
             gate = torch.empty((m, i), dtype=x.dtype, device=device)
             up = torch.empty((m, i), dtype=x.dtype, device=device)
-        tk_mlp.gateup_fwd(hid, x2, w_gate, w_up, b_gate, b_up, approximate, gate, up)
+        # Decode: the down GEMM's split-K slices are summed by its own last program per tile, on
+        # counters the gate+up kernel zeroes (no reduction kernel, no memset).
+        counters = (torch.empty(tk_linear.splitk_counters(m, h), dtype=torch.int32, device=device)
+                    if m <= tk_linear.FUSED_REDUCE_MAX_M else None)
+        tk_mlp.gateup_fwd(hid, x2, w_gate, w_up, b_gate, b_up, approximate, gate, up, zero_out=counters)
         y = torch.empty((m, h), dtype=x.dtype, device=device)
-        tk_linear.linear_fwd(y, hid, w_down, b_down, "none", None)
+        tk_linear.linear_fwd(y, hid, w_down, b_down, "none", None, tile_counters=counters)
     elif backend == "cuda" and _dispatch.compiled_has("geglu_gateup_sm90", "cuda") \
             and sm90_weights.usable(x2, w_gate, w_up) \
             and ((launch := sm90_mlp_launch(m, h, device, save_preact)) is not None or not auto):

@@ -81,10 +81,15 @@ def _linear_splitk_kernel(
     EVEN_K: tl.constexpr, DOT_PREC: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     PDL: tl.constexpr = False, TRIGGER_AT_START: tl.constexpr = False,
+    # FUSE_REDUCE: the epilogue runs here (operands as in _splitk_reduce_kernel), by the last program of
+    # each output tile to finish; counter_ptr holds one int32 per tile, zero at launch, zero again after.
+    FUSE_REDUCE: tl.constexpr = False, counter_ptr=None, bias_ptr=None, out_ptr=None, preact_ptr=None,
+    stride_om=0, stride_pm=0,
+    HAS_BIAS: tl.constexpr = False, ACT: tl.constexpr = 0, STORE_PREACT: tl.constexpr = False,
 ):
     # Skinny M (decode): an [M, N] output has too few tiles to keep every SM streaming the weight,
     # so each program also takes one K slice and stores its fp32 partial sum; _splitk_reduce_kernel
-    # adds the slices in a fixed order (deterministic, no atomics) and runs the epilogue.
+    # (or, FUSE_REDUCE, the tile's last program) adds the slices in a fixed order and runs the epilogue.
     let_dependents_start(PDL, TRIGGER_AT_START)  # PDL: the reduction may take SM slots from here or
     pid_n, pid_m, pid_s = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -109,6 +114,36 @@ def _linear_splitk_kernel(
         b_ptrs += BLOCK_K
     let_dependents_start(PDL, not TRIGGER_AT_START)  # from here (pdl.TRIGGER_AT_START)
     store_tile(part_ptr + pid_s.to(tl.int64) * M * N, N, offs_m, offs_n, M, N, acc)
+    if FUSE_REDUCE:
+        # Count this slice in once all its threads have stored it (barrier, then one release-acquire
+        # atomic); the program that brings the count to SPLIT sees every slice and reduces the tile.
+        tl.debug_barrier()
+        tile = pid_m * tl.num_programs(0) + pid_n
+        split = tl.num_programs(2)
+        if tl.atomic_add(counter_ptr + tile, 1, sem="acq_rel") == split - 1:
+            _splitk_epilogue(part_ptr, bias_ptr, out_ptr, preact_ptr, M, N, split, offs_m, offs_n,
+                             stride_om, stride_pm, HAS_BIAS, ACT, STORE_PREACT, ".cg", BLOCK_M, BLOCK_N)
+            tl.atomic_xchg(counter_ptr + tile, 0)  # re-armed for the tile's next use
+
+
+@triton.jit
+def _splitk_epilogue(part_ptr, bias_ptr, out_ptr, preact_ptr, M, N, SPLIT, offs_m, offs_n,
+                     stride_om, stride_pm, HAS_BIAS: tl.constexpr, ACT: tl.constexpr,
+                     STORE_PREACT: tl.constexpr, CACHE: tl.constexpr,
+                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """Sum of the SPLIT fp32 slices in slice order, then bias, pre-activation store and activation: the
+    same operations in the same order wherever it runs, so both reductions give the same bits. CACHE
+    ".cg" reads the slices from L2 (other programs of the same kernel wrote them)."""
+    mask = (offs_m < M)[:, None] & (offs_n < N)[None, :]
+    ptrs = part_ptr + offs_m.to(tl.int64)[:, None] * N + offs_n[None, :]
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for s in range(0, SPLIT):
+        acc += tl.load(ptrs + s * M * N, mask=mask, other=0.0, cache_modifier=CACHE)
+    if HAS_BIAS:
+        acc += tl.load(bias_ptr + offs_n, mask=offs_n < N, other=0.0).to(tl.float32)[None, :]
+    if STORE_PREACT:
+        store_tile(preact_ptr, stride_pm, offs_m, offs_n, M, N, acc)
+    store_tile(out_ptr, stride_om, offs_m, offs_n, M, N, gelu(acc, ACT))
 
 
 @triton.jit
@@ -122,14 +157,8 @@ def _splitk_reduce_kernel(
     wait_for_previous(PDL)  # the partial sums are the previous kernel's output
     offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
-    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for s in range(0, SPLIT):
-        acc += load_tile(part_ptr + s * M * N, N, offs_m, offs_n, M, N)
-    if HAS_BIAS:
-        acc += tl.load(bias_ptr + offs_n, mask=offs_n < N, other=0.0).to(tl.float32)[None, :]
-    if STORE_PREACT:
-        store_tile(preact_ptr, stride_pm, offs_m, offs_n, M, N, acc)
-    store_tile(out_ptr, stride_om, offs_m, offs_n, M, N, gelu(acc, ACT))
+    _splitk_epilogue(part_ptr, bias_ptr, out_ptr, preact_ptr, M, N, SPLIT, offs_m, offs_n,
+                     stride_om, stride_pm, HAS_BIAS, ACT, STORE_PREACT, "", BLOCK_M, BLOCK_N)
 
 
 @triton.jit
@@ -232,12 +261,16 @@ def _linear_bwd_weight_kernel(
 
 def linear_fwd(
     out: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor],
-    activation: str, preact_out: Optional[torch.Tensor],
+    activation: str, preact_out: Optional[torch.Tensor], tile_counters: Optional[torch.Tensor] = None,
 ) -> torch.Tensor:
     """out[M, N] = act(x[M, K] @ weight[N, K].T + bias[N]); act in {"none", "gelu", "gelu_tanh"}.
 
     When `preact_out` [M, N] is given (activation != "none"), also stores x @ W.T + b for the backward.
-    Bias and GELU are applied on the fp32 accumulator before the single store."""
+    Bias and GELU are applied on the fp32 accumulator before the single store.
+
+    `tile_counters` (int32, at least `splitk_counters(M, N)` of them, all zero when this runs on the
+    stream; zero again afterwards): where K is split, the last program of each output tile sums the
+    slices, so no reduction kernel is launched. The MLP passes them, zeroed by its gate+up kernel."""
     act = act_from_activation(activation)
     m, k = x.shape
     n = weight.shape[0]
@@ -257,13 +290,22 @@ def linear_fwd(
     pdl = pdl_enabled(x.device, m)
     if split > 1:
         part = torch.empty((split, m, n), device=x.device, dtype=torch.float32)
+        fuse = tile_counters is not None
+        if fuse and tile_counters.numel() < tiles:
+            raise ValueError(f"tile_counters holds {tile_counters.numel()} counters, the split needs {tiles}")
         _linear_splitk_kernel[(triton.cdiv(n, cfg.BLOCK_N), triton.cdiv(m, cfg.BLOCK_M), split)](
             x, weight, part, m, n, k, k_per_split, x.stride(0), weight.stride(0),
             EVEN_K=k % k_per_split == 0, DOT_PREC=dot_precision(x.dtype),
             BLOCK_M=cfg.BLOCK_M, BLOCK_N=cfg.BLOCK_N, BLOCK_K=cfg.BLOCK_K, PDL=pdl,
             TRIGGER_AT_START=_pdl.TRIGGER_AT_START,
+            FUSE_REDUCE=fuse, counter_ptr=tile_counters, bias_ptr=or_dummy(bias, out), out_ptr=out,
+            preact_ptr=or_dummy(preact_out, out), stride_om=out.stride(0),
+            stride_pm=preact_out.stride(0) if preact_out is not None else 0,
+            HAS_BIAS=bias is not None, ACT=act, STORE_PREACT=preact_out is not None,
             num_warps=cfg.num_warps, num_stages=cfg.num_stages, **launch_kwargs(pdl),
         )
+        if fuse:
+            return out
         # The reduction moves split * M * N fp32 values: a few KB at decode sizes, one fixed tile.
         _splitk_reduce_kernel[(triton.cdiv(m, 16), triton.cdiv(n, 128))](
             part, or_dummy(bias, out), out, or_dummy(preact_out, out), m, n, split,
@@ -283,6 +325,16 @@ def linear_fwd(
         num_warps=cfg.num_warps, num_stages=cfg.num_stages, **launch_kwargs(pdl),
     )
     return out
+
+
+# The MLP's decode sizes (M <= this) fold the split-K reduction into the down GEMM (tile_counters).
+FUSED_REDUCE_MAX_M = 64
+
+
+def splitk_counters(m: int, n: int) -> int:
+    """How many tile counters `linear_fwd` may use for an [m, n] output: one per 16 x 16 tile, the
+    smallest tile any config has (configs.fit_config keeps BLOCK_M and BLOCK_N >= 16)."""
+    return triton.cdiv(m, 16) * triton.cdiv(n, 16)
 
 
 def _sm_count(device: torch.device) -> int:

@@ -38,10 +38,16 @@ def _gateup_fwd_kernel(
     ACT: tl.constexpr, EVEN_K: tl.constexpr, DOT_PREC: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
     PDL: tl.constexpr = False, TRIGGER_AT_START: tl.constexpr = False,
+    zero_ptr=None, n_zero=0, ZERO: tl.constexpr = False,
 ):
     # Decode (PDL, triton_kernels/pdl.py): the down GEMM's programs may take SM slots from here (or from
     # the end of the main loop) and wait there for h.
     let_dependents_start(PDL, TRIGGER_AT_START)
+    if ZERO:  # program 0 zeroes the down GEMM's split-K tile counters (linear.linear_fwd)
+        if tl.program_id(0) == 0:
+            for z in range(0, n_zero, 256):
+                offs_z = z + tl.arange(0, 256)
+                tl.store(zero_ptr + offs_z, tl.zeros((256,), dtype=tl.int32), mask=offs_z < n_zero)
     pid_m, pid_n = grouped_tile(tl.program_id(0), tl.cdiv(M, BLOCK_M), tl.cdiv(I, BLOCK_N), GROUP_M)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -148,15 +154,19 @@ def gateup_fwd(
     h_out: torch.Tensor, x: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor,
     b_gate: Optional[torch.Tensor], b_up: Optional[torch.Tensor], approximate: str,
     gate_out: Optional[torch.Tensor], up_out: Optional[torch.Tensor],
+    zero_out: Optional[torch.Tensor] = None,
 ) -> torch.Tensor:
     """h_out[M, I] = gelu(x @ w_gate.T + b_gate) * (x @ w_up.T + b_up) in one GEMM pass with two fp32
     accumulators (x[M, H] read once). If gate_out / up_out [M, I] are given (both or neither), the
-    pre-activations are stored as well."""
+    pre-activations are stored as well. `zero_out` (int32) is set to zero on the way, by the same kernel:
+    the down GEMM's split-K tile counters, so that they cost no launch of their own."""
     act = act_from_approximate(approximate)
     if (gate_out is None) != (up_out is None):
         raise ValueError("gate_out and up_out must be given together")
     m, hdim = x.shape
     i = w_gate.shape[0]
+    if zero_out is not None and (m == 0 or i == 0 or hdim == 0):
+        zero_out.zero_()  # no kernel launch below to do it
     if m == 0 or i == 0:
         return h_out
     if hdim == 0:  # empty reduction: the pre-activations are the biases (or 0)
@@ -180,6 +190,7 @@ def gateup_fwd(
         ACT=act, EVEN_K=hdim % cfg.BLOCK_K == 0, DOT_PREC=dot_precision(x.dtype),
         BLOCK_M=cfg.BLOCK_M, BLOCK_N=cfg.BLOCK_N, BLOCK_K=cfg.BLOCK_K, GROUP_M=cfg.GROUP_M,
         PDL=pdl, TRIGGER_AT_START=_pdl.TRIGGER_AT_START,
+        zero_ptr=zero_out, n_zero=zero_out.numel() if zero_out is not None else 0, ZERO=zero_out is not None,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     return h_out
