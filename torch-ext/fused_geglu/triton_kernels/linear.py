@@ -287,12 +287,12 @@ def linear_fwd(
     cfg = get_config("linear_fwd_act" if act else "linear_fwd", x.device, x.dtype, m, n, k)
     tiles = triton.cdiv(m, cfg.BLOCK_M) * triton.cdiv(n, cfg.BLOCK_N)
     split, k_per_split = _k_slices(cfg, tiles, k, x.device)
+    if tile_counters is not None and tile_counters.numel() < tiles:
+        raise ValueError(f"tile_counters holds {tile_counters.numel()} counters, this launch needs {tiles}")
     pdl = pdl_enabled(x.device, m)
     if split > 1:
         part = torch.empty((split, m, n), device=x.device, dtype=torch.float32)
         fuse = tile_counters is not None
-        if fuse and tile_counters.numel() < tiles:
-            raise ValueError(f"tile_counters holds {tile_counters.numel()} counters, the split needs {tiles}")
         _linear_splitk_kernel[(triton.cdiv(n, cfg.BLOCK_N), triton.cdiv(m, cfg.BLOCK_M), split)](
             x, weight, part, m, n, k, k_per_split, x.stride(0), weight.stride(0),
             EVEN_K=k % k_per_split == 0, DOT_PREC=dot_precision(x.dtype),

@@ -1,4 +1,5 @@
-"""Programmatic dependent launch (PDL) for the decode chain: gate+up -> down GEMM -> split-K reduction.
+"""Programmatic dependent launch (PDL) for the decode chain: gate+up -> down GEMM (-> split-K reduction, for
+`linear()` on its own; the MLP sums the slices inside the down GEMM, `linear.py`).
 
 At decode sizes (M <= 64 tokens) each kernel streams its weight in a few microseconds, so the gap between
 two kernels (the next grid's launch and start-up) is a visible share of the step. On sm90 a kernel
