@@ -41,6 +41,8 @@ VARIANTS = {
 # Launch-config variants (PDL as shipped): fields replacing those of the tuned M=16 entries of
 # configs_sm90.json for the shape, for finding better decode tiles in the same rounds.
 CONFIG_VARIANTS = {
+    "down-s2": {"linear_fwd": {"SPLIT_K": 2}},
+    "down-s6": {"linear_fwd": {"SPLIT_K": 6}},
     "down-s8": {"linear_fwd": {"SPLIT_K": 8}},
     "down-bn32": {"linear_fwd": {"BLOCK_N": 32}},
     "gateup-bn32": {"gateup_fwd": {"BLOCK_N": 32}},

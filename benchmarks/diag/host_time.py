@@ -9,6 +9,10 @@ Per provider (geglu_mlp auto, torch.compile of the eager MLP, eager), under no_g
 - span_us: CUDA-event span of one call issued back to back, as the harness times it, median of 50;
 - kernel_us: the summed kernel time of one call from torch.profiler.
 A span near max(host_us, kernel_us) says the GPU waited for the host.
+
+``--parts`` also times, host side only, the pieces of ours' path at each size: the Python dispatch
+before any launch (policy, operand checks), the output allocation, the compiled CUTLASS gate+up op
+called directly, the cuBLAS down GEMM alone, and a trivial compiled op (the dispatcher's floor).
 """
 
 from __future__ import annotations
@@ -44,11 +48,44 @@ def _span_us(fn, n: int = 50) -> float:
     return statistics.median(s.elapsed_time(e) * 1e3 for s, e in ev)
 
 
+def _parts(k, x, ws) -> dict[str, float]:
+    """Host µs of each piece of ours' auto path at this size (each timed alone, GPU kept busy)."""
+    import torch.nn.functional as F
+
+    wg, wu, wd = ws
+    m, (i, h) = x.shape[0], wg.shape
+    dev = x.device
+    ops = getattr(torch.ops, k.OPS_ID)
+    launch = k.policy.sm90_mlp_launch(m, h, dev)
+    hid = torch.empty((m, i), dtype=x.dtype, device=dev)
+    pieces = {
+        "checks": lambda: k._checks.mlp_args_ok(x, wg, wu, wd, None, None, None, "tanh"),
+        "pick": lambda: k.mlp._pick(dev, "auto", m, h, i),
+        "usable": lambda: k.sm90_weights.usable(x, wg, wu),
+        "launch_rule": lambda: k.policy.sm90_mlp_launch(m, h, dev),
+        "empty": lambda: torch.empty((m, i), dtype=x.dtype, device=dev),
+        "gateup_op": lambda: ops.geglu_gateup_sm90(hid, x, wg, wu, None, None, 1, None, None,
+                                                   *k.sm90_weights.parse_launch(launch)),
+        "gateup_wrapper": lambda: k.sm90_weights.gateup_sm90(ops, x, wg, wu, None, None, "tanh", launch),
+        "down_linear": lambda: F.linear(hid, wd),
+        "record": lambda: k._dispatch.record("geglu_mlp", "cuda:sm90"),
+        "whole": lambda: k.geglu_mlp(x, wg, wu, wd, approximate="tanh"),
+        "trivial_op": lambda: torch.ops.aten.alias(x),
+    }
+    out = {}
+    for name, f in pieces.items():
+        for _ in range(5):
+            f()
+        out[name] = _host_us(f, 200)
+    return out
+
+
 def main() -> int:
     p = argparse.ArgumentParser()
     p.add_argument("--shape", default="gemma-2b", choices=sorted(SHAPES))
     p.add_argument("--tokens", default="16,1024")
     p.add_argument("--out", type=Path, default=Path("."))
+    p.add_argument("--parts", action="store_true", help="also host time of each piece of ours' path")
     args = p.parse_args()
     k = load_kernel()
     h, i = SHAPES[args.shape]
@@ -68,6 +105,13 @@ def main() -> int:
             rows.append(row)
             print(f"{args.shape:10s} M={m:5d} {name:10s} host {row['host_us']:7.1f}  span {row['span_us']:7.1f}  "
                   f"kernels {row['kernel_us']:7.1f} us", flush=True)
+        if args.parts:
+            with torch.no_grad():
+                parts = _parts(k, x, ws)
+            rows.append({"shape": args.shape, "M": m, "provider": "ours-parts", "parts_host_us": parts,
+                         "sm90_launch": k.policy.sm90_mlp_launch(m, h, dev)})
+            print(f"{args.shape:10s} M={m:5d} parts (host us): "
+                  + ", ".join(f"{n} {t:.1f}" for n, t in parts.items()), flush=True)
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / f"host-time-{args.shape}.json").write_text(json.dumps(
         {"torch": torch.__version__, "device": torch.cuda.get_device_name(), "rows": rows}, indent=1))
