@@ -482,6 +482,35 @@ def test_geglu_mlp_sm90_sees_in_place_weight_updates(kernel, device):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("biases", ["all", "up_only", "none"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+def test_geglu_mlp_sm90_one_call_matches_two(kernel, device, biases, dtype):
+    """The inference forward runs both GEMMs from one compiled call (geglu_mlp_sm90: host time per
+    call is what an eager decode step waits on). It must give the bits of the gate+up op followed
+    by F.linear, which it replaces, and be right against float64; a w_down of the wrong shape is
+    an error naming it."""
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("the CUTLASS gate+up GEMM is sm_90 only")
+    m, h, i = 77, 264, 392
+    x = randn(3, m, h, dtype=dtype, device=device)
+    wg, wu, wd, bg, bu, bd = [p.detach() for p in _params(h, i, dtype, device, biases=True)]
+    bg, bu, bd = {"all": (bg, bu, bd), "up_only": (None, bu, None), "none": (None, None, None)}[biases]
+    ops = getattr(torch.ops, kernel.OPS_ID)
+    with torch.no_grad():
+        y = kernel.geglu_mlp(x, wg, wu, wd, bg, bu, bd, approximate="tanh", backend="cuda")
+        assert kernel.last_backend("geglu_mlp") == "cuda:sm90"
+        x2 = x.reshape(-1, h)
+        hid, _, _ = kernel.sm90_weights.gateup_sm90(ops, x2, wg, wu, bg, bu, "tanh")
+        two = F.linear(hid, wd, bd)
+    assert y.shape == (3, m, h)
+    assert torch.equal(y.reshape(-1, h), two), "one call and two calls differ"
+    ref = kernel.reference.geglu_mlp_ref(x, wg, wu, wd, bg, bu, bd, approximate="tanh")
+    assert_close(y, ref, _eager(x, wg, wu, wd, bg, bu, bd, "tanh"), f"one call, biases {biases}")
+    with pytest.raises(RuntimeError, match="w_down must be"):
+        ops.geglu_mlp_sm90(x2, wg, wu, wd[:, :-8], bg, bu, bd, 1)
+
+
+@pytest.mark.gpu
 def test_sm90_knobs_reject_bad_values(kernel, device, monkeypatch):
     """A misspelt tile or order is an error naming the variable, not a silent default."""
     if torch.cuda.get_device_capability() != (9, 0):

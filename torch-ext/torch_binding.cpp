@@ -36,6 +36,11 @@ TORCH_LIBRARY_EXPAND(TORCH_EXTENSION_NAME, ops) {
       "Tensor? b_up, int approximate, Tensor(b!)? gate_out, Tensor(c!)? up_out, int tile=-1, "
       "int swizzle=1, int raster=0) -> ()");
   ops.impl("geglu_gateup_sm90", c10::kCUDA, &geglu_gateup_sm90);
+  // The inference MLP forward in one call: geglu_gateup_sm90, then y = h @ w_down^T + b_down (cuBLAS).
+  ops.def(
+      "geglu_mlp_sm90(Tensor x, Tensor w_gate, Tensor w_up, Tensor w_down, Tensor? b_gate, Tensor? b_up, "
+      "Tensor? b_down, int approximate, int tile=-1, int swizzle=1, int raster=0) -> Tensor");
+  ops.impl("geglu_mlp_sm90", c10::kCUDA, &geglu_mlp_sm90);
   ops.def(
       "geglu_dh_sm90(Tensor(a!) gate, Tensor(b!) up, Tensor(c!) h_out, Tensor dy, Tensor w_down, "
       "int approximate, int swizzle=1, int raster=0) -> ()");

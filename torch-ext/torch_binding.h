@@ -49,6 +49,13 @@ void geglu_gateup_sm90(at::Tensor &h_out, at::Tensor const &x, at::Tensor const 
                        std::optional<at::Tensor> const &gate_out,
                        std::optional<at::Tensor> const &up_out, int64_t tile, int64_t swizzle,
                        int64_t raster);
+// The MLP's inference forward on sm90 in one call: h = geglu_gateup_sm90(x, w_gate, w_up, b_gate,
+// b_up) (a missing one of the two biases is zeros), then y[M,H] = h @ w_down[H,I]^T + b_down through
+// ATen's linear (cuBLAS). Same tile arguments as geglu_gateup_sm90.
+at::Tensor geglu_mlp_sm90(at::Tensor const &x, at::Tensor const &w_gate, at::Tensor const &w_up,
+                          at::Tensor const &w_down, std::optional<at::Tensor> const &b_gate,
+                          std::optional<at::Tensor> const &b_up, std::optional<at::Tensor> const &b_down,
+                          int64_t approximate, int64_t tile, int64_t swizzle, int64_t raster);
 // sm90a CUTLASS GEMM dh = dy @ w_down with the GeGLU-backward epilogue (kernel_src/gemm_sm90/
 // geglu_dh_sm90.h): gate <- dgate, up <- dup in place, h_out = gelu(gate) * up.
 void geglu_dh_sm90(at::Tensor &gate, at::Tensor &up, at::Tensor &h_out, at::Tensor const &dy,

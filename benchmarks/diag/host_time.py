@@ -12,7 +12,8 @@ A span near max(host_us, kernel_us) says the GPU waited for the host.
 
 ``--parts`` also times, host side only, the pieces of ours' path at each size: the Python dispatch
 before any launch (policy, operand checks), the output allocation, the compiled CUTLASS gate+up op
-called directly, the cuBLAS down GEMM alone, and a trivial compiled op (the dispatcher's floor).
+called directly, the cuBLAS down GEMM alone, both as two calls and as the one compiled call the
+path makes (``geglu_mlp_sm90``), and a trivial ATen op (the dispatcher's floor).
 """
 
 from __future__ import annotations
@@ -68,6 +69,8 @@ def _parts(k, x, ws) -> dict[str, float]:
                                                    *k.sm90_weights.parse_launch(launch)),
         "gateup_wrapper": lambda: k.sm90_weights.gateup_sm90(ops, x, wg, wu, None, None, "tanh", launch),
         "down_linear": lambda: F.linear(hid, wd),
+        "two_calls": lambda: F.linear(k.sm90_weights.gateup_sm90(ops, x, wg, wu, None, None, "tanh", launch)[0], wd),
+        "mlp_op": lambda: k.sm90_weights.mlp_sm90(ops, x, wg, wu, wd, None, None, None, "tanh", launch),
         "record": lambda: k._dispatch.record("geglu_mlp", "cuda:sm90"),
         "whole": lambda: k.geglu_mlp(x, wg, wu, wd, approximate="tanh"),
         "trivial_op": lambda: torch.ops.aten.alias(x),

@@ -232,3 +232,35 @@ void geglu_gateup_sm90(at::Tensor &h_out, at::Tensor const &x, at::Tensor const 
                 ", w_gate ", w_gate.sizes(), " strides ", w_gate.strides(), ", tile ", tile_name(cfg));
   }
 }
+
+// The inference forward of the whole MLP on sm90 in one op call: h from the gate+up GEMM above, then
+// y = h @ w_down^T + b_down through ATen's linear (cuBLAS, as F.linear). Without gradients this is
+// what a decode step without CUDA graphs runs per layer, and there the host time per call is what
+// the GPU waits on: one call instead of two op calls and a Python-side allocation saves the
+// dispatcher and Python argument parsing twice.
+at::Tensor geglu_mlp_sm90(at::Tensor const &x, at::Tensor const &w_gate, at::Tensor const &w_up,
+                          at::Tensor const &w_down, std::optional<at::Tensor> const &b_gate,
+                          std::optional<at::Tensor> const &b_up, std::optional<at::Tensor> const &b_down,
+                          int64_t approximate, int64_t tile, int64_t swizzle, int64_t raster) {
+  TORCH_CHECK(x.dim() == 2, "geglu_mlp_sm90: x must be 2-D [M, H], got ", x.sizes());
+  TORCH_CHECK(w_gate.dim() == 2, "geglu_mlp_sm90: w_gate must be 2-D [I, H], got ", w_gate.sizes());
+  const int64_t I = w_gate.size(0);
+  TORCH_CHECK(w_down.dim() == 2 && w_down.size(0) == x.size(1) && w_down.size(1) == I,
+              "geglu_mlp_sm90: w_down must be [H=", x.size(1), ", I=", I, "], got ", w_down.sizes());
+  TORCH_CHECK(w_down.scalar_type() == x.scalar_type() && w_down.device() == x.device(),
+              "geglu_mlp_sm90: w_down must be ", x.scalar_type(), " on ", x.device(), ", got ",
+              w_down.scalar_type(), " on ", w_down.device());
+  at::Tensor h = at::empty({x.size(0), I}, x.options());
+  // The gate+up kernel takes both biases or neither: a missing one of the two becomes zeros.
+  const bool has_bg = b_gate.has_value() && b_gate->defined();
+  const bool has_bu = b_up.has_value() && b_up->defined();
+  std::optional<at::Tensor> bg, bu;
+  if (has_bg) bg = *b_gate;
+  if (has_bu) bu = *b_up;
+  if (has_bg != has_bu) {
+    if (has_bg) bu = at::zeros_like(*b_gate);
+    else bg = at::zeros_like(*b_up);
+  }
+  geglu_gateup_sm90(h, x, w_gate, w_up, bg, bu, approximate, std::nullopt, std::nullopt, tile, swizzle, raster);
+  return at::linear(h, w_down, b_down);
+}

@@ -6,6 +6,47 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include <atomic>
+#include <cstdint>
+
+// CUTLASS resolves the driver's cuTensorMapEncodeTiled through cudaGetDriverEntryPoint on every
+// TMA descriptor it builds (two per launch here) unless the library links libcuda directly. The
+// entry point is process-wide, so it is looked up once: CUTLASS's call macro is pointed at a cached
+// copy before any header that uses it is read (this header comes first in every sm90 TU; the
+// adapter header is include-guarded, so its definition of the macro is not read again).
+#include "cutlass/cuda_host_adapter.hpp"
+#if !defined(CUTLASS_ENABLE_DIRECT_CUDA_DRIVER_CALL) && !defined(__CUDACC_RTC__)
+namespace fused_geglu_sm90::driver {
+#if (__CUDACC_VER_MAJOR__ > 12)
+#define FUSED_GEGLU_SM90_DRIVER_LOOKUP(func, ver, p, q) \
+  cudaGetDriverEntryPointByVersion(#func, &p, ver, cudaEnableDefault, &q)
+#else
+#define FUSED_GEGLU_SM90_DRIVER_LOOKUP(func, ver, p, q) cudaGetDriverEntryPoint(#func, &p, cudaEnableDefault, &q)
+#endif
+#define FUSED_GEGLU_SM90_CACHED_DRIVER_CALL(func, ver)                                     \
+  template <typename... Args>                                                              \
+  CUresult call_##func(Args... args) {                                                     \
+    static const auto pfn = [] {                                                           \
+      void *p = nullptr;                                                                   \
+      cudaDriverEntryPointQueryResult q{};                                                 \
+      if (FUSED_GEGLU_SM90_DRIVER_LOOKUP(func, ver, p, q) != cudaSuccess ||               \
+          q != cudaDriverEntryPointSuccess) {                                              \
+        (void)cudaGetLastError();                                                          \
+        p = nullptr;                                                                       \
+      }                                                                                    \
+      return reinterpret_cast<decltype(&::func)>(p); /* cuda.h declares it; not linked */ \
+    }();                                                                                   \
+    return pfn != nullptr ? pfn(args...) : CUDA_ERROR_UNKNOWN;                             \
+  }
+FUSED_GEGLU_SM90_CACHED_DRIVER_CALL(cuTensorMapEncodeTiled, 12000)
+FUSED_GEGLU_SM90_CACHED_DRIVER_CALL(cuTensorMapEncodeIm2col, 12000)
+#undef FUSED_GEGLU_SM90_CACHED_DRIVER_CALL
+#undef FUSED_GEGLU_SM90_DRIVER_LOOKUP
+}  // namespace fused_geglu_sm90::driver
+#undef CUTLASS_CUDA_DRIVER_WRAPPER_CALL
+#define CUTLASS_CUDA_DRIVER_WRAPPER_CALL(func) ::fused_geglu_sm90::driver::call_##func
+#endif
+
 #include "cute/tensor.hpp"
 #include "cutlass/cutlass.h"
 #include "cutlass/epilogue/collective/detail.hpp"
@@ -140,11 +181,44 @@ struct Sm90Gemm {
                      epi, device, sm_count, swizzle, raster);
   }
 
+  // The launch, with the host work a decode-size call waits on kept small: CUTLASS's adapter sets
+  // two kernel attributes on every launch (dynamic shared memory; non-portable cluster sizes, which
+  // a 2x1 cluster does not need), a driver call each. They belong to the kernel and the device, so
+  // they are set once per device here and the kernel is launched directly with its cluster shape.
   static const char *launch(typename Gemm::Arguments const &args, void *workspace, cudaStream_t stream) {
-    Gemm gemm;
-    if (gemm.can_implement(args) != cutlass::Status::kSuccess) return "can_implement rejected the problem";
-    if (gemm.initialize(args, workspace, stream) != cutlass::Status::kSuccess) return "initialize failed";
-    if (gemm.run(stream) != cutlass::Status::kSuccess) return "kernel launch failed";
+    if (Gemm::can_implement(args) != cutlass::Status::kSuccess) return "can_implement rejected the problem";
+    if (Kernel::initialize_workspace(args, workspace, stream) != cutlass::Status::kSuccess) {
+      return "initialize failed";
+    }
+    typename Kernel::Params params = Kernel::to_underlying_arguments(args, workspace);
+    void const *kernel = reinterpret_cast<void const *>(&cutlass::device_kernel<Kernel>);
+    constexpr int kSmem = int(Kernel::SharedStorageSize);
+    const int device = args.hw_info.device_id;
+    static std::atomic<uint64_t> attributes_set{0};  // one bit per device (ordinals < 64)
+    const uint64_t bit = device >= 0 && device < 64 ? uint64_t(1) << device : 0;
+    if (bit == 0 || (attributes_set.load(std::memory_order_acquire) & bit) == 0) {
+      if (kSmem >= (48 << 10) &&
+          cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem) != cudaSuccess) {
+        return "setting the kernel's shared memory size failed";
+      }
+      attributes_set.fetch_or(bit, std::memory_order_release);
+    }
+    static_assert(cute::is_static_v<ClusterShape> && cute::size(ClusterShape{}) <= 8,
+                  "portable cluster shapes only (no non-portable cluster attribute is set)");
+    cudaLaunchAttribute cluster{};
+    cluster.id = cudaLaunchAttributeClusterDimension;
+    cluster.val.clusterDim.x = cute::size<0>(ClusterShape{});
+    cluster.val.clusterDim.y = cute::size<1>(ClusterShape{});
+    cluster.val.clusterDim.z = cute::size<2>(ClusterShape{});
+    cudaLaunchConfig_t config{};
+    config.gridDim = Gemm::get_grid_shape(params);
+    config.blockDim = Kernel::get_block_shape();
+    config.dynamicSmemBytes = kSmem;
+    config.stream = stream;
+    config.attrs = &cluster;
+    config.numAttrs = 1;
+    void *kernel_params[] = {&params};
+    if (cudaLaunchKernelExC(&config, kernel, kernel_params) != cudaSuccess) return "kernel launch failed";
     return nullptr;
   }
 };

@@ -98,9 +98,12 @@ def _forward(x, w_gate, w_up, w_down, b_gate, b_up, b_down, approximate: str, sa
         # Hopper: CUTLASS gate+up GEMM with the GeGLU epilogue (the tile and tile order the policy
         # measured best at this size, or the op's own heuristic where a forced backend runs it
         # outside the policy's sizes), then cuBLAS down. Training also takes gate/up from it.
-        hid, gate, up = sm90_weights.gateup_sm90(ops, x2, w_gate, w_up, b_gate, b_up, approximate, launch,
-                                                 save_preact)
-        y = F.linear(hid, w_down, b_down)
+        if save_preact or not _dispatch.compiled_has("geglu_mlp_sm90", "cuda"):
+            hid, gate, up = sm90_weights.gateup_sm90(ops, x2, w_gate, w_up, b_gate, b_up, approximate, launch,
+                                                     save_preact)
+            y = F.linear(hid, w_down, b_down)
+        else:  # inference: both GEMMs from one compiled call (host time is what decode waits on)
+            y = sm90_weights.mlp_sm90(ops, x2, w_gate, w_up, w_down, b_gate, b_up, b_down, approximate, launch)
         backend = "cuda:sm90"
     else:
         # With the auto policy the pointwise between the GEMMs is whichever measured faster at

@@ -64,6 +64,14 @@ def gateup_sm90(ops, x2, w_gate, w_up, b_gate, b_up, approximate: str, launch: s
     return h_out, gate, up
 
 
+def mlp_sm90(ops, x2, w_gate, w_up, w_down, b_gate, b_up, b_down, approximate: str,
+             launch: str | None = None) -> torch.Tensor:
+    """The inference forward ``y`` from one compiled call: the gate+up GEMM, then cuBLAS down
+    (``geglu_mlp_sm90``; it zero-fills a missing one of b_gate/b_up itself)."""
+    return ops.geglu_mlp_sm90(x2, w_gate, w_up, w_down, b_gate, b_up, b_down, 0 if approximate == "none" else 1,
+                              *parse_launch(launch))
+
+
 def dh_usable(dy: torch.Tensor, w_down: torch.Tensor, gate: torch.Tensor, up: torch.Tensor) -> bool:
     """Whether ``geglu_dh_sm90`` accepts these operands (its host op checks the same and raises)."""
     i = w_down.shape[1]
