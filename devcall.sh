@@ -1,11 +1,18 @@
-R=$OUT; export OUT=/tmp/fg; mkdir -p $OUT
-export FUSED_GEGLU_COMMIT=$(cat .commit) FUSED_GEGLU_DIRTY=0
+R=$OUT; export OUT=/tmp/fg; mkdir -p $OUT /tmp/ht
+C=$(cat .commit); export FUSED_GEGLU_COMMIT=$C FUSED_GEGLU_DIRTY=0
 bash benchmarks/h200_session.sh build > $OUT/s.log 2>&1
-tail -3 $OUT/s.log
+tail -2 $OUT/s.log
 export PYTHONPATH=/tmp/site:$PWD/src HF_HUB_OFFLINE=1 HF_HUB_CACHE=$PWD/.hub-cache
-for s in gemma3-1b gemma-2b gemma2-9b; do timeout 90 python3 benchmarks/diag/host_time.py --shape $s --tokens 16,1024,8192 --parts --out $R 2>&1 | grep -v Warn | tee -a $R/host.log; done
-timeout 150 python3 benchmarks/diag/decode_pdl.py --out $R --rounds 7 --variants end,down-s2,down-s6,down-s8,down-bn32 2>&1 | tail -25 | tee $R/decode.log
-TEST_TIMEOUT=230 PYTEST_ARGS="-n 8 --ignore=tests/test_tensor_parallel.py" bash benchmarks/h200_session.sh test > $OUT/t.log 2>&1
-cp $OUT/test.log $R/ ; cp $OUT/sass_hgmma.txt $R/ 2>/dev/null
+for s in gemma3-1b gemma-2b gemma2-9b; do timeout 90 python3 benchmarks/diag/host_time.py --shape $s --tokens 16,1024 --parts --out /tmp/ht 2>&1 | grep -v -i warn | tee -a $R/host.log; done
+python3 -c "
+import json,glob,sys; rows=[]; meta={}
+for f in sorted(glob.glob('/tmp/ht/*.json')):
+    d=json.load(open(f)); rows+=d['rows']; meta={k:v for k,v in d.items() if k!='rows'}
+meta['commit']='$C'; meta['rows']=rows; json.dump(meta,open('$R/host-time-h200-${C:0:7}.json','w'),indent=1)"
+TEST_TIMEOUT=240 PYTEST_ARGS="-n 8 --ignore=tests/test_tensor_parallel.py" bash benchmarks/h200_session.sh test > $OUT/t.log 2>&1
+cp $OUT/test.log $R/
 grep -E "FAILED|ERROR" $OUT/test.log | head -20
-tail -4 $OUT/t.log
+tail -2 $OUT/t.log
+BENCH_ARGS="--ops geglu_mlp --rounds 3" BENCH_TIMEOUT=200 BENCH_BUDGET=170 bash benchmarks/h200_session.sh bench > $OUT/b.log 2>&1
+cp $OUT/nvidia-h200*.json $OUT/nvidia-h200*.png $R/ 2>/dev/null; cp $OUT/bench.log $R/
+tail -45 $OUT/bench.log

@@ -511,6 +511,31 @@ def test_geglu_mlp_sm90_one_call_matches_two(kernel, device, biases, dtype):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("biases", ["all", "gate_only", "none"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32], ids=str)
+def test_geglu_mlp_cublas_one_call_matches_four(kernel, device, monkeypatch, biases, dtype):
+    """The cuBLAS + pointwise inference forward also runs from one compiled call (geglu_mlp_gemm):
+    the same bits as F.linear, F.linear, geglu_fwd writing h over gate, F.linear, and right
+    against float64. Any CUDA GPU (no sm90 kernel involved)."""
+    monkeypatch.setenv("FUSED_GEGLU_SM90_MLP", "no")
+    m, h, i = 45, 264, 392
+    x = randn(2, m, h, dtype=dtype, device=device)
+    wg, wu, wd, bg, bu, bd = [p.detach() for p in _params(h, i, dtype, device, biases=True)]
+    bg, bu, bd = {"all": (bg, bu, bd), "gate_only": (bg, None, None), "none": (None, None, None)}[biases]
+    ops = getattr(torch.ops, kernel.OPS_ID)
+    with torch.no_grad():
+        y = kernel.geglu_mlp(x, wg, wu, wd, bg, bu, bd, approximate="none", backend="cuda")
+        assert kernel.last_backend("geglu_mlp") == "cuda+gemm"
+        x2 = x.reshape(-1, h)
+        gate, up = F.linear(x2, wg, bg), F.linear(x2, wu, bu)
+        ops.geglu_fwd(gate, gate, up, 0)
+        four = F.linear(gate, wd, bd)
+    assert torch.equal(y.reshape(-1, h), four), "one call and four calls differ"
+    ref = kernel.reference.geglu_mlp_ref(x, wg, wu, wd, bg, bu, bd, approximate="none")
+    assert_close(y, ref, _eager(x, wg, wu, wd, bg, bu, bd, "none"), f"cuBLAS one call, biases {biases}")
+
+
+@pytest.mark.gpu
 def test_sm90_knobs_reject_bad_values(kernel, device, monkeypatch):
     """A misspelt tile or order is an error naming the variable, not a silent default."""
     if torch.cuda.get_device_capability() != (9, 0):

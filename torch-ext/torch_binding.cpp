@@ -22,6 +22,11 @@ TORCH_LIBRARY_EXPAND(TORCH_EXTENSION_NAME, ops) {
   // grad_out <- h = gelu(gate) * up, element by element in place (no new M x I buffers).
   ops.def("geglu_bwd_inplace(Tensor(a!) gate, Tensor(b!) up, Tensor(c!) grad_out, int approximate) -> ()");
   ops.impl("geglu_bwd_inplace", c10::kCUDA, &geglu_bwd_inplace);
+  // The inference MLP forward with cuBLAS GEMMs around geglu_fwd (h over gate), in one call.
+  ops.def(
+      "geglu_mlp_gemm(Tensor x, Tensor w_gate, Tensor w_up, Tensor w_down, Tensor? b_gate, Tensor? b_up, "
+      "Tensor? b_down, int approximate) -> Tensor");
+  ops.impl("geglu_mlp_gemm", c10::kCUDA, &geglu_mlp_gemm);
   // ---- CUDA-only ops (kernel_src/linear_cublaslt, kernel_src/gemm_sm90) ----
   // The optional outputs (preact_out, db, gate_out, up_out) are written: each has its own alias set.
   ops.def(

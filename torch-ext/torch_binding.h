@@ -25,6 +25,12 @@ void geglu_bwd(at::Tensor &grad_gate, at::Tensor &grad_up, at::Tensor const &gra
 // In place: gate <- grad_out * up * gelu'(gate), up <- grad_out * gelu(gate),
 // grad_out <- gelu(gate) * up (the h the down projection's weight gradient needs).
 void geglu_bwd_inplace(at::Tensor &gate, at::Tensor &up, at::Tensor &grad_out, int64_t approximate);
+// The MLP's inference forward with cuBLAS GEMMs (ATen linear) around geglu_fwd, h written over
+// gate: y[M,H] = (gelu(x w_gate^T + b_gate) * (x w_up^T + b_up)) w_down^T + b_down.
+at::Tensor geglu_mlp_gemm(at::Tensor const &x, at::Tensor const &w_gate, at::Tensor const &w_up,
+                          at::Tensor const &w_down, std::optional<at::Tensor> const &b_gate,
+                          std::optional<at::Tensor> const &b_up, std::optional<at::Tensor> const &b_down,
+                          int64_t approximate);
 
 // ---- CUDA-only ops (kernel_src/linear_cublaslt, kernel_src/gemm_sm90) ----
 // cuBLASLt: out[M,N] = act(x[M,K] @ weight[N,K]^T + bias[N]); activation 0 = none, 1 = tanh GELU

@@ -13,13 +13,17 @@ A span near max(host_us, kernel_us) says the GPU waited for the host.
 ``--parts`` also times, host side only, the pieces of ours' path at each size: the Python dispatch
 before any launch (policy, operand checks), the output allocation, the compiled CUTLASS gate+up op
 called directly, the cuBLAS down GEMM alone, both as two calls and as the one compiled call the
-path makes (``geglu_mlp_sm90``), and a trivial ATen op (the dispatcher's floor).
+path makes (``geglu_mlp_sm90``), and a trivial ATen op (the dispatcher's floor). ``--forced`` adds
+ours with the policy's sm90 choice replaced (CUTLASS gate+up / cuBLAS + pointwise, through
+$FUSED_GEGLU_SM90_MLP) and the Triton path, for the no-graph decode rule. The same x and weights
+every call: weights below L2's size (Gemma3-1B) read faster here than in the harness.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import time
 from pathlib import Path
@@ -47,6 +51,18 @@ def _span_us(fn, n: int = 50) -> float:
         e.record()
     torch.cuda.synchronize()
     return statistics.median(s.elapsed_time(e) * 1e3 for s, e in ev)
+
+
+# --forced: ours with the auto policy's sm90 choice replaced, for deciding the no-graph decode rule.
+_FORCED_ENV = {"ours-cutlass": {"FUSED_GEGLU_SM90_MLP": "128x128/s1"}, "ours-cublas": {"FUSED_GEGLU_SM90_MLP": "no"}}
+
+
+def _forced(k, x, ws, on: bool):
+    if not on:
+        return ()
+    return (("ours-cutlass", lambda: k.geglu_mlp(x, *ws, approximate="tanh")),
+            ("ours-cublas", lambda: k.geglu_mlp(x, *ws, approximate="tanh")),
+            ("ours-triton", lambda: k.geglu_mlp(x, *ws, approximate="tanh", backend="triton")))
 
 
 def _parts(k, x, ws) -> dict[str, float]:
@@ -89,6 +105,8 @@ def main() -> int:
     p.add_argument("--tokens", default="16,1024")
     p.add_argument("--out", type=Path, default=Path("."))
     p.add_argument("--parts", action="store_true", help="also host time of each piece of ours' path")
+    p.add_argument("--forced", action="store_true",
+                   help="also ours with the sm90 choice forced: CUTLASS gate+up, cuBLAS + pointwise, Triton")
     args = p.parse_args()
     k = load_kernel()
     h, i = SHAPES[args.shape]
@@ -99,14 +117,24 @@ def main() -> int:
     for m in (int(t) for t in args.tokens.split(",")):
         x = torch.randn(m, h, device=dev, dtype=dt)
         for name, f in (("ours-auto", lambda: k.geglu_mlp(x, *ws, approximate="tanh")),
-                        ("compile", lambda: compiled(x, *ws)), ("eager", lambda: eager_mlp(x, *ws))):
+                        ("compile", lambda: compiled(x, *ws)), ("eager", lambda: eager_mlp(x, *ws)),
+                        *_forced(k, x, ws, args.forced)):
+            env = _FORCED_ENV.get(name, {})
+            saved = {v: os.environ.get(v) for v in env}
+            os.environ.update(env)
             with torch.no_grad():
                 for _ in range(5):
                     f()
                 row = {"shape": args.shape, "M": m, "provider": name, "host_us": _host_us(f),
                        "span_us": _span_us(f), "kernel_us": sum(kernel_times(f, 20, warmup=0).values())}
+            for v, old in saved.items():
+                if old is None:
+                    os.environ.pop(v, None)
+                else:
+                    os.environ[v] = old
+            row["backend_ran"] = k.last_backend("geglu_mlp") if name.startswith("ours") else None
             rows.append(row)
-            print(f"{args.shape:10s} M={m:5d} {name:10s} host {row['host_us']:7.1f}  span {row['span_us']:7.1f}  "
+            print(f"{args.shape:10s} M={m:5d} {name:13s} host {row['host_us']:7.1f}  span {row['span_us']:7.1f}  "
                   f"kernels {row['kernel_us']:7.1f} us", flush=True)
         if args.parts:
             with torch.no_grad():

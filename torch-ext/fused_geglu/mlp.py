@@ -55,6 +55,9 @@ _H_OVER_GATE = ("cuda", "triton", "torch")
 def _gemm_forward(x2, wg, wu, wd, bg, bu, bd, approximate, pointwise, keep_preact: bool):
     """``(y, gate, up)``. Without ``keep_preact`` h is written over gate (gate is dead once h
     exists), so the forward holds two M x I buffers instead of three; gate/up are then None."""
+    if pointwise == "cuda" and not keep_preact and _dispatch.compiled_has("geglu_mlp_gemm", "cuda"):
+        # The same sequence from one compiled call (host time is what an eager decode step waits on).
+        return ops.geglu_mlp_gemm(x2, wg, wu, wd, bg, bu, bd, 0 if approximate == "none" else 1), None, None
     # F.linear on 2-D input with a bias is addmm (cuBLASLt's BIAS epilogue on CUDA); it also skips
     # the Python-level ``Tensor.__matmul__`` wrapper that ``a @ w.t()`` goes through.
     gate, up = F.linear(x2, wg, bg), F.linear(x2, wu, bu)
