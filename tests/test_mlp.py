@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import importlib
 
 import pytest
 import torch
@@ -500,7 +501,8 @@ def test_geglu_mlp_sm90_one_call_matches_two(kernel, device, biases, dtype):
         y = kernel.geglu_mlp(x, wg, wu, wd, bg, bu, bd, approximate="tanh", backend="cuda")
         assert kernel.last_backend("geglu_mlp") == "cuda:sm90"
         x2 = x.reshape(-1, h)
-        hid, _, _ = kernel.sm90_weights.gateup_sm90(ops, x2, wg, wu, bg, bu, "tanh")
+        sm90 = importlib.import_module(kernel.__name__ + ".sm90_weights")
+        hid, _, _ = sm90.gateup_sm90(ops, x2, wg, wu, bg, bu, "tanh")
         two = F.linear(hid, wd, bd)
     assert y.shape == (3, m, h)
     assert torch.equal(y.reshape(-1, h), two), "one call and two calls differ"
@@ -516,15 +518,17 @@ def test_geglu_mlp_sm90_one_call_matches_two(kernel, device, biases, dtype):
 def test_geglu_mlp_cublas_one_call_matches_four(kernel, device, monkeypatch, biases, dtype):
     """The cuBLAS + pointwise inference forward also runs from one compiled call (geglu_mlp_gemm):
     the same bits as F.linear, F.linear, geglu_fwd writing h over gate, F.linear, and right
-    against float64. Any CUDA GPU (no sm90 kernel involved)."""
+    against float64. Any CUDA GPU. The auto policy with the sm90 GEMM switched off takes it (a
+    forced backend="cuda" runs the CUTLASS GEMM wherever its operands allow)."""
     monkeypatch.setenv("FUSED_GEGLU_SM90_MLP", "no")
+    monkeypatch.delenv("FUSED_GEGLU_BACKEND", raising=False)
     m, h, i = 45, 264, 392
     x = randn(2, m, h, dtype=dtype, device=device)
     wg, wu, wd, bg, bu, bd = [p.detach() for p in _params(h, i, dtype, device, biases=True)]
     bg, bu, bd = {"all": (bg, bu, bd), "gate_only": (bg, None, None), "none": (None, None, None)}[biases]
     ops = getattr(torch.ops, kernel.OPS_ID)
     with torch.no_grad():
-        y = kernel.geglu_mlp(x, wg, wu, wd, bg, bu, bd, approximate="none", backend="cuda")
+        y = kernel.geglu_mlp(x, wg, wu, wd, bg, bu, bd, approximate="none")
         assert kernel.last_backend("geglu_mlp") == "cuda+gemm"
         x2 = x.reshape(-1, h)
         gate, up = F.linear(x2, wg, bg), F.linear(x2, wu, bu)
