@@ -441,6 +441,39 @@ def test_sm90_usable_needs_one_view_over_both_weights(kernel, monkeypatch):
     assert not sm90.usable(x, wg, wu), "not sm_90"
 
 
+def test_cublas_forward_takes_one_compiled_call_only_for_inference(kernel, monkeypatch):
+    """The routing in front of geglu_mlp_gemm, on CPU tensors with a stand-in for the compiled op:
+    the inference forward with the CUDA pointwise kernel is handed over whole; training (which keeps
+    gate/up for the backward) and the other pointwise backends are not."""
+    mlp = importlib.import_module(kernel.__name__ + ".mlp")
+    dispatch = importlib.import_module(kernel.__name__ + "._dispatch")
+    calls = []
+
+    class Ops:
+        def geglu_mlp_gemm(self, *args):
+            calls.append(args)
+            return args[0].new_full((args[0].shape[0], args[3].shape[0]), 7.0)
+
+    monkeypatch.setattr(mlp, "ops", Ops())
+    monkeypatch.setattr(dispatch, "compiled_has", lambda op, device_type: op == "geglu_mlp_gemm")
+    m, h, i = 5, 8, 16
+    x2 = torch.randn(m, h)
+    wg, wu, wd = torch.randn(i, h), torch.randn(i, h), torch.randn(h, i)
+    bg = torch.randn(i)
+    y, gate, up = mlp._gemm_forward(x2, wg, wu, wd, bg, None, None, "none", "cuda", False)
+    assert len(calls) == 1 and gate is None and up is None and torch.equal(y, torch.full((m, h), 7.0))
+    assert calls[0][4] is bg and calls[0][5] is None and calls[0][7] == 0, "biases and GELU flavour passed on"
+    mlp._gemm_forward(x2, wg, wu, wd, bg, None, None, "tanh", "cuda", False)
+    assert calls[-1][7] == 1
+    n = len(calls)
+    y, gate, up = mlp._gemm_forward(x2, wg, wu, wd, bg, None, None, "tanh", "torch", True)  # training
+    y2, _, _ = mlp._gemm_forward(x2, wg, wu, wd, bg, None, None, "tanh", "torch", False)  # another pointwise
+    assert len(calls) == n, "only the CUDA pointwise's inference forward is one call"
+    assert gate is not None and up is not None
+    ref = kernel.reference.geglu_mlp_ref(x2, wg, wu, wd, bg, None, None, approximate="tanh")
+    assert torch.allclose(y, ref.float(), rtol=1e-4, atol=1e-4) and torch.allclose(y2, y)
+
+
 def _assert_output_and_grads(kernel, y, args, approximate, what):
     """y and the gradient of every tensor in ``args`` = [x, w_gate, w_up, w_down, b_gate, b_up,
     b_down] (a bias may be None: no gradient for it), for a random upstream gradient, against
