@@ -128,6 +128,27 @@ def test_rounds_pool_the_samples_of_every_round(tmp_path, build_dir, monkeypatch
         pos += 3 * k
 
 
+def test_warmup_and_target_reach_the_timer(tmp_path, build_dir, monkeypatch):
+    """--warmup-ms / --target-ms set what every row's measure() gets (and the JSON records), over the
+    --smoke-cpu defaults; a non-positive value is refused naming the flag."""
+    seen = []
+
+    def fake_measure(clock, step, n_sets, st, pre=None):
+        seen.append((st.warmup_ms, st.target_ms))
+        return [1.0, 2.0, 3.0], 3
+
+    monkeypatch.setattr(bench, "measure", fake_measure)
+    argv = ["--smoke-cpu", "--no-compile", "--no-plot", "--ops", "geglu", "--warmup-ms", "400",
+            "--target-ms", "250", "--build", str(build_dir), "--out", str(tmp_path)]
+    assert bench.main(argv) == 0
+    assert seen and set(seen) == {(400.0, 250.0)}
+    settings = json.loads(next(tmp_path.glob("*.json")).read_text())["config"]["settings"]
+    assert settings["warmup_ms"] == 400.0 and settings["target_ms"] == 250.0
+    for flag in ("--warmup-ms", "--target-ms"):
+        with pytest.raises(SystemExit):
+            bench.main([flag, "0"])
+
+
 def test_rounds_must_be_positive(capsys):
     with pytest.raises(SystemExit):
         bench.main(["--rounds", "0"])

@@ -1276,6 +1276,13 @@ def _positive_int(text: str) -> int:
     return value
 
 
+def _positive_float(text: str) -> float:
+    value = float(text)
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
+    return value
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="fused-geglu bench", description=__doc__.split("\n\n")[0])
     p.add_argument("--out", type=Path, default=None, help=f"results folder (default {DEFAULT_OUT})")
@@ -1294,6 +1301,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--budget-s", type=float, default=540.0, help="stop starting rows after this many seconds (default 540)")
     p.add_argument("--rounds", type=_positive_int, default=1,
                    help="time every (case, mode) this many times, alternating the provider order, and pool the samples")
+    p.add_argument("--warmup-ms", type=_positive_float, default=None,
+                   help="untimed calls before each row's timed ones, at least this long (default 25). Under the "
+                        "700 W cap a row that starts on a cool GPU (after a CPU-bound phase: torch.compile's first "
+                        "calls) runs its first timed calls at a higher clock; a longer warm-up evens that out")
+    p.add_argument("--target-ms", type=_positive_float, default=None,
+                   help="timed time per row: reps = target / estimate, clamped (default 100)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--tol-factor", type=float, default=2.0, help="error allowed vs eager bf16's (default 2x)")
     p.add_argument("--commit", default=None, help="source commit to record (default: $FUSED_GEGLU_COMMIT or git HEAD)")
@@ -1322,6 +1335,10 @@ def main(argv: list[str] | None = None) -> int:
         st.target_ms, st.warmup_ms, st.max_reps, st.graph_reps = 40.0, 10.0, 200, 20
     if args.smoke_cpu:
         st.target_ms, st.warmup_ms, st.min_reps, st.max_reps = 5.0, 2.0, 3, 20
+    if args.warmup_ms is not None:
+        st.warmup_ms = args.warmup_ms
+    if args.target_ms is not None:
+        st.target_ms = args.target_ms
     out_dir = args.out or (Path("/tmp/fused-geglu-bench-smoke") if args.smoke_cpu else DEFAULT_OUT)
 
     # torch.compile: one graph per (function, shape, grad mode); fail loudly instead of falling
