@@ -515,6 +515,15 @@ def test_geglu_mlp_sm90_sees_in_place_weight_updates(kernel, device):
             assert_close(y, ref, _eager(x, wg, wu, wd, None, None, None, "tanh"), f"after update {step}")
 
 
+def _inference_operands(dtype, device, lead, h, i, biases):
+    """x [*lead, h] and the MLP's weights, detached, with the biases ``biases`` names ("all",
+    "gate_only", "up_only" or "none"; the others None)."""
+    x = randn(*lead, h, dtype=dtype, device=device)
+    wg, wu, wd, bg, bu, bd = [p.detach() for p in _params(h, i, dtype, device, biases=True)]
+    keep = {"all": (1, 1, 1), "gate_only": (1, 0, 0), "up_only": (0, 1, 0), "none": (0, 0, 0)}[biases]
+    return (x, wg, wu, wd, *(b if k else None for b, k in zip((bg, bu, bd), keep)))
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("biases", ["all", "up_only", "none"])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
@@ -526,9 +535,7 @@ def test_geglu_mlp_sm90_one_call_matches_two(kernel, device, biases, dtype):
     if torch.cuda.get_device_capability() != (9, 0):
         pytest.skip("the CUTLASS gate+up GEMM is sm_90 only")
     m, h, i = 77, 264, 392
-    x = randn(3, m, h, dtype=dtype, device=device)
-    wg, wu, wd, bg, bu, bd = [p.detach() for p in _params(h, i, dtype, device, biases=True)]
-    bg, bu, bd = {"all": (bg, bu, bd), "up_only": (None, bu, None), "none": (None, None, None)}[biases]
+    x, wg, wu, wd, bg, bu, bd = _inference_operands(dtype, device, (3, m), h, i, biases)
     ops = getattr(torch.ops, kernel.OPS_ID)
     with torch.no_grad():
         y = kernel.geglu_mlp(x, wg, wu, wd, bg, bu, bd, approximate="tanh", backend="cuda")
@@ -556,9 +563,7 @@ def test_geglu_mlp_cublas_one_call_matches_four(kernel, device, monkeypatch, bia
     monkeypatch.setenv("FUSED_GEGLU_SM90_MLP", "no")
     monkeypatch.delenv("FUSED_GEGLU_BACKEND", raising=False)
     m, h, i = 45, 264, 392
-    x = randn(2, m, h, dtype=dtype, device=device)
-    wg, wu, wd, bg, bu, bd = [p.detach() for p in _params(h, i, dtype, device, biases=True)]
-    bg, bu, bd = {"all": (bg, bu, bd), "gate_only": (bg, None, None), "none": (None, None, None)}[biases]
+    x, wg, wu, wd, bg, bu, bd = _inference_operands(dtype, device, (2, m), h, i, biases)
     ops = getattr(torch.ops, kernel.OPS_ID)
     with torch.no_grad():
         y = kernel.geglu_mlp(x, wg, wu, wd, bg, bu, bd, approximate="none")
