@@ -5,6 +5,7 @@
 #   bash benchmarks/h200_session.sh build test selftest        # correctness
 #   bash benchmarks/h200_session.sh build bench                # the side-by-side harness
 #   bash benchmarks/h200_session.sh tune build diag test bench # + decode configs, cuBLASLt facts
+#   bash benchmarks/h200_session.sh build host decode          # host time per call; decode graph variants
 # The last lines printed are a short summary of each phase.
 set -uo pipefail
 OUT=${OUT:-/tmp/fg-out}
@@ -85,6 +86,22 @@ PY
     bench)
       timeout ${BENCH_TIMEOUT:-500} python3 benchmarks/compare.py --out "$OUT" --budget-s ${BENCH_BUDGET:-420} ${BENCH_ARGS:-} 2>&1 | tee "$OUT/bench.log" | tail -60
       summary+=("bench $(($(date +%s)-start))s")
+      ;;
+    host)
+      # Host time per MLP call, piece by piece, and ours with each forward path forced (no-graph decode rule).
+      export HF_HUB_OFFLINE=1 HF_HUB_CACHE=$PWD/.hub-cache
+      mkdir -p "$OUT/host"
+      for s in gemma3-1b gemma-2b gemma2-9b; do
+        timeout 150 python3 benchmarks/diag/host_time.py --shape $s --tokens ${HOST_TOKENS:-1,16,1024} --parts --forced \
+          --out "$OUT/host" 2>&1 | grep -v -i warn | tee -a "$OUT/host.log"
+      done
+      summary+=("host $(ls "$OUT"/host/*.json 2>/dev/null | wc -l) shapes $(($(date +%s)-start))s")
+      ;;
+    decode)
+      # The decode graph's launch and tile variants, interleaved rounds (decode_pdl.py --help).
+      export HF_HUB_OFFLINE=1 HF_HUB_CACHE=$PWD/.hub-cache
+      timeout 200 python3 benchmarks/diag/decode_pdl.py --out "$OUT" --rounds 7 ${DECODE_ARGS:-} 2>&1 | tail -25 | tee "$OUT/decode.log"
+      summary+=("decode $(($(date +%s)-start))s")
       ;;
     e2e)
       timeout ${E2E_TIMEOUT:-200} python3 benchmarks/e2e_gemma.py --out "$OUT" 2>&1 | tee "$OUT/e2e.log" | tail -30
