@@ -217,8 +217,6 @@ def test_geglu_mlp_decode_pdl_matches_plain_launches(kernel, device, monkeypatch
     the same bits as the same kernels launched one after another (FUSED_GEGLU_PDL=0), eagerly and
     replayed from a CUDA graph, and is as close to float64 as eager is. The shapes take the split-K
     down GEMM (Gemma3-1B's width) and the unsplit one (I = 1440), with sizes off every tile."""
-    import importlib
-
     if torch.cuda.get_device_capability(device)[0] < 9:
         pytest.skip("programmatic dependent launch needs sm_90 or newer")
     pdl = importlib.import_module(kernel.__name__ + ".triton_kernels.pdl")
@@ -255,8 +253,6 @@ def test_geglu_mlp_decode_reduces_split_k_in_the_down_gemm(kernel, device, monke
     program of each tile, on counters its gate+up kernel zeroed). It must give the bits of the separate
     reduction kernel, also for `linear` run on its own, and leave the counters at zero for the next call.
     CPU: the interpreter at small sizes (K splits there too); GPU: real widths, split 4 ways."""
-    import importlib
-
     _skip_unless(kernel, device, "triton", dtype)
     tokens, h, i = shape
     if device == "cpu" and i > 300:
@@ -295,8 +291,6 @@ def test_geglu_mlp_decode_reduces_split_k_in_the_down_gemm(kernel, device, monke
 def test_pdl_only_for_decode_on_sm90(kernel, monkeypatch):
     """Programmatic dependent launch is asked for only at decode sizes on a CUDA device of sm_90 or
     newer, and FUSED_GEGLU_PDL=0 turns it off (CPU: the capability lookup is stubbed)."""
-    import importlib
-
     pdl = importlib.import_module(kernel.__name__ + ".triton_kernels.pdl")
     cuda = torch.device("cuda", 0)
     assert not pdl.pdl_enabled(torch.device("cpu"), 16), "the interpreter has no griddepcontrol"
@@ -420,8 +414,6 @@ def test_geglu_mlp_sm90_declines_weights_one_view_cannot_span(kernel, device, ca
 def test_sm90_usable_needs_one_view_over_both_weights(kernel, monkeypatch):
     """The Python gate in front of the CUTLASS gate+up GEMM (sm90_weights.usable), on CPU tensors with
     the capability check stubbed to sm_90: it must decline exactly what the host op would refuse."""
-    import importlib
-
     sm90 = importlib.import_module(kernel.__name__ + ".sm90_weights")
     monkeypatch.setattr(sm90, "device_capability", lambda device: (9, 0))
     i, h = 64, 32
