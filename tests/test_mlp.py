@@ -310,7 +310,8 @@ def test_pdl_only_for_decode_on_sm90(kernel, monkeypatch):
 # Every tile of the sm90 CUTLASS gate+up GEMM (kernel_src/gemm_sm90/geglu_gateup_sm90.h), forced
 # through the env knobs the probe uses, with the scheduler orders it sweeps. M and I are not
 # multiples of any tile, so every tile has partial tiles in both directions.
-SM90_TILES = ["128x128", "128x256", "128x128pp", "256x128", "128x192pp"]
+SM90_TILES = ["128x128", "128x256", "128x128pp", "256x128", "128x192pp", "64x128pp", "64x256pp", "64x128k128pp"]
+SM90_DECODE_TILES = ["64x128pp", "64x256pp", "64x128k128pp"]
 
 
 @pytest.mark.gpu
@@ -333,6 +334,27 @@ def test_geglu_mlp_sm90_every_tile(kernel, device, monkeypatch, tile, order, dty
     assert kernel.last_backend("geglu_mlp") == "cuda:sm90"
     ref = kernel.reference.geglu_mlp_ref(x, *params, approximate="tanh")
     assert_close(y, ref, _eager(x, *params, "tanh"), f"geglu_mlp sm90 {tile} swizzle {swizzle} raster {raster}")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("tile", SM90_DECODE_TILES)
+@pytest.mark.parametrize("m", [1, 16, 65])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+def test_geglu_mlp_sm90_decode_tiles(kernel, device, monkeypatch, tile, m, dtype):
+    """The 64-row tiles at decode sizes, through the one-call inference op with the launch named
+    the way the policy names it: one row, a full 16, and one row into a second M tile; H spans
+    several K tiles with a partial last one, I is not a multiple of any tile's N."""
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("the CUTLASS gate+up GEMM is sm_90 only")
+    monkeypatch.setenv("FUSED_GEGLU_SM90_MLP", f"{tile}/s1")
+    h, i = 456, 712
+    x = randn(m, h, dtype=dtype, device=device)
+    params = [p.detach() for p in _params(h, i, dtype, device, biases=True)]
+    with torch.no_grad():
+        y = kernel.geglu_mlp(x, *params, approximate="tanh")
+    assert kernel.last_backend("geglu_mlp") == "cuda:sm90"
+    ref = kernel.reference.geglu_mlp_ref(x, *params, approximate="tanh")
+    assert_close(y, ref, _eager(x, *params, "tanh"), f"geglu_mlp sm90 {tile} M={m}")
 
 
 @pytest.mark.gpu

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 # The CUTLASS gate+up launches a geglu_mlp_sm90 rule may name (sm90_weights.parse_launch's format).
-_SM90_LAUNCH = re.compile(r"(128x128|128x256|128x128pp|256x128|128x192pp)/s[1248][mn]?")
+_SM90_LAUNCH = re.compile(r"(128x128|128x256|128x128pp|256x128|128x192pp|64x128pp|64x256pp|64x128k128pp)/s[1248][mn]?")
 
 
 class _Launches:
@@ -144,6 +144,7 @@ def test_sm90_launches_parse(kernel, sm90_rules):
     assert sm90.parse_launch("256x128/s8n") == (3, 8, 2)
     assert sm90.parse_launch("128x192pp/s2m") == (4, 2, 1)
     assert sm90.parse_launch(None) == (-1, 1, 0)
+    assert sm90.parse_launch("64x128k128pp/s1") == (7, 1, 0)
     for bad in ("64x64/s1", "128x128/s3", "128x128", "128x128/s1x", "128x128/s8mn"):
         with pytest.raises(ValueError, match="sm90 launch"):
             sm90.parse_launch(bad)
@@ -163,3 +164,17 @@ def test_sm90_dh_launch(kernel, monkeypatch):
     monkeypatch.setenv("FUSED_GEGLU_SM90_DH", "s3")
     with pytest.raises(ValueError, match="FUSED_GEGLU_SM90_DH"):
         sm90.dh_launch(None)
+
+
+def test_sm90_tile_names_follow_the_kernel_enum(kernel):
+    """``sm90_weights.TILES[i]`` is the tile the op runs for index i: the names, in order, of the
+    ``TileCfg`` enum in the CUDA header (``k128x192pp = 4`` <-> "128x192pp") and of the op's own
+    ``tile_name`` table, so a tile added on one side only fails here rather than running another."""
+    sm90 = importlib.import_module(kernel.__name__ + ".sm90_weights")
+    src = Path(__file__).resolve().parents[1] / "kernel_src" / "gemm_sm90"
+    header = (src / "geglu_gateup_sm90.h").read_text()
+    enum = re.search(r"enum class TileCfg : int \{([^}]*)\}", header).group(1)
+    values = {int(v): n for n, v in re.findall(r"k(\w+) = (\d+)", enum)}
+    assert [values[i] for i in range(len(values))] == list(sm90.TILES)
+    names = dict(re.findall(r'case TileCfg::k(\w+): return "(\w+)";', (src / "geglu_gateup_sm90.cu").read_text()))
+    assert names == {t: t for t in sm90.TILES}

@@ -11,6 +11,9 @@ events, medians over many calls, inputs rotated over enough sets to exceed the L
   mlp        geglu_mlp forward and training step, ours (cuda, triton) vs eager and compile, with
              peak memory above the inputs
   overhead   where the Python time of a decode-sized geglu_mlp call goes (cProfile)
+  decode     whole-MLP inference forward at M = 16 / 64 per CUTLASS tile (the 64-row decode tiles too),
+             cuBLAS + pointwise, Triton and eager: without graphs (host time included, interleaved
+             rounds) and as CUDA-graph replays (GPU time), plus the gate+up GEMM alone per tile
 
   python3 benchmarks/diag/kernel_probe.py --out DIR [--sections pointwise,sm90,mlpfwd,mlp,overhead]
 """
@@ -160,11 +163,16 @@ def _sm90_env_clear() -> None:
         os.environ.pop(v, None)
 
 
+# Scheduler orders (swizzle, raster) the sm90 section sweeps at M >= 1024.
+SM90_ORDERS = (("1", ""), ("4", ""), ("8", ""), ("4", "n"))
+
+
 def sm90(k, ops, rows: list) -> None:
     """Every tile x scheduler order of the CUTLASS gate+up GEMM against cuBLAS over [w_gate; w_up]
     (the same FLOPs, no GeGLU) and compile's 2 GEMMs + GeGLU; each tile's h checked once. The
     "no-epilogue" rows time the mainloop alone ($FUSED_GEGLU_SM90_DIAG_NO_EPILOGUE)."""
     dt = torch.bfloat16
+    SM90_TILES = importlib.import_module(k.__name__ + ".sm90_weights").TILES
     for name, (h, i) in SHAPES.items():
         wg = torch.randn(i, h, device="cuda", dtype=dt) / h ** 0.5
         wu = torch.randn(i, h, device="cuda", dtype=dt) / h ** 0.5
@@ -425,6 +433,91 @@ def overhead(k, ops, rows: list) -> None:
                      "last_backend": k.last_backend("geglu_mlp"), "profile": s.getvalue()[-3500:]})
 
 
+# Gate+up launches the decode section compares (the policy's "<tile>/s<swizzle>" form).
+DECODE_LAUNCHES = ("128x128/s1", "64x128pp/s1", "64x256pp/s1", "64x128k128pp/s1")
+
+
+def _graph_us(fn, sets: int, reps: int = 30) -> float:
+    """Median microseconds per call of fn(j) replayed from one CUDA graph holding a call per set."""
+    for j in range(sets):
+        fn(j)
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for j in range(sets):
+            fn(j)
+    return time_us(lambda _: g.replay(), 1, reps=reps) / sets
+
+
+def decode(k, ops, rows: list, rounds: int = 3) -> None:
+    """Decode-size inference forward (bf16, tanh, no biases) per shape at M = 16 and 64.
+    No graph: through ``k.geglu_mlp`` with the auto policy and $FUSED_GEGLU_SM90_MLP naming the
+    launch ("no" = cuBLAS + pointwise), so the host work of a real call is included; interleaved
+    rounds. Graph: the compiled one-call ops (``geglu_mlp_sm90`` per tile, ``geglu_mlp_gemm``),
+    Triton and eager replayed from CUDA graphs (GPU time only); and the gate+up GEMM alone."""
+    dt = torch.bfloat16
+    sw = importlib.import_module(k.__name__ + ".sm90_weights")
+    bw = copy_gbps()
+    rows.append({"section": "decode", "what": "copy", "gbps": bw})
+    for name, (h, i) in SHAPES.items():
+        mod = EagerMLP(h, i).to("cuda", dt)
+        wg, wu, wd = mod.gate_proj.weight, mod.up_proj.weight, mod.down_proj.weight
+        floor_us = 3 * h * i * 2 / bw / 1e3  # the three weights read once at the copy bandwidth
+        for m in (16, 64):
+            sets = n_sets(3 * h * i * 2)
+            xs = [torch.randn(m, h, device="cuda", dtype=dt) for _ in range(sets)]
+            hs = [torch.empty(m, i, device="cuda", dtype=dt) for _ in range(sets)]
+
+            def auto_with(launch):
+                def run(j):
+                    os.environ["FUSED_GEGLU_SM90_MLP"] = launch
+                    try:
+                        return k.geglu_mlp(xs[j], wg, wu, wd, approximate="tanh")
+                    finally:
+                        os.environ.pop("FUSED_GEGLU_SM90_MLP")
+                return run
+
+            nograph = {"eager": lambda j: mod(xs[j]), "cublas+pointwise": auto_with("no"),
+                       "triton": lambda j: k.geglu_mlp(xs[j], wg, wu, wd, approximate="tanh", backend="triton")}
+            graph = {"eager": lambda j: mod(xs[j]),
+                     "cublas+pointwise": lambda j: ops.geglu_mlp_gemm(xs[j], wg, wu, wd, None, None, None, 1),
+                     "triton": nograph["triton"]}
+            gateup = {}
+            for launch in DECODE_LAUNCHES:
+                args = sw.parse_launch(launch)
+                nograph[f"sm90 {launch}"] = auto_with(launch)
+                graph[f"sm90 {launch}"] = (lambda j, a=args:
+                                           ops.geglu_mlp_sm90(xs[j], wg, wu, wd, None, None, None, 1, *a))
+                gateup[f"gate+up {launch}"] = (lambda j, a=args:
+                                               ops.geglu_gateup_sm90(hs[j], xs[j], wg, wu, None, None, 1, None, None, *a))
+            with torch.no_grad():
+                ref = mod(xs[0]).float()
+                ref64 = F.linear(F.gelu(F.linear(xs[0].double(), wg.double()), approximate="tanh")
+                                 * F.linear(xs[0].double(), wu.double()), wd.double())
+                eager_err = float((ref - ref64).norm() / ref64.norm())
+                for impl, fn in graph.items():
+                    err = float((fn(0).double() - ref64).norm() / ref64.norm())
+                    rows.append({"section": "decode", "shape": name, "M": m, "impl": f"check {impl}",
+                                 "rel_err": err, "eager_rel_err": eager_err})
+                times = time_rounds(nograph, sets, rounds, 100)
+                for impl, t in times.items():
+                    rows.append({"section": "decode", "shape": name, "M": m, "mode": "nograph", "impl": impl,
+                                 "us": t, "rounds": rounds})
+                for impl, fn in {**graph, **gateup}.items():
+                    try:
+                        t = statistics.median(_graph_us(fn, sets) for _ in range(rounds))
+                        row = {"section": "decode", "shape": name, "M": m, "mode": "graph", "impl": impl, "us": t}
+                        if impl in graph:
+                            row["of_floor"] = t / floor_us
+                        rows.append(row)
+                    except Exception as exc:  # noqa: BLE001
+                        rows.append({"section": "decode", "shape": name, "M": m, "mode": "graph", "impl": impl,
+                                     "error": repr(exc)[:300]})
+            del xs, hs
+        del mod
+        torch.cuda.empty_cache()
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--out", required=True)
@@ -454,7 +547,7 @@ def main() -> None:
         keys = ("section", "what", "shape", "M", "impl", "mode")
         label = " ".join(str(r[k_]) for k_ in keys if k_ in r)
         vals = " ".join(f"{k_}={r[k_]:.4g}" if isinstance(r[k_], float) else f"{k_}={r[k_]}"
-                        for k_ in ("us", "gbps", "of_copy", "tflops", "peak_mb", "rel_err", "error") if k_ in r)
+                        for k_ in ("us", "of_floor", "gbps", "of_copy", "tflops", "peak_mb", "rel_err", "error") if k_ in r)
         print(f"{label:60s} {vals}")
 
 

@@ -43,12 +43,16 @@ const char *tile_name(TileCfg c) {
     case TileCfg::k128x128pp: return "128x128pp";
     case TileCfg::k256x128: return "256x128";
     case TileCfg::k128x192pp: return "128x192pp";
+    case TileCfg::k64x128pp: return "64x128pp";
+    case TileCfg::k64x256pp: return "64x256pp";
+    case TileCfg::k64x128k128pp: return "64x128k128pp";
   }
   return "?";
 }
 
 constexpr TileCfg kAllTiles[] = {TileCfg::k128x128, TileCfg::k128x256, TileCfg::k128x128pp,
-                                 TileCfg::k256x128, TileCfg::k128x192pp};
+                                 TileCfg::k256x128, TileCfg::k128x192pp, TileCfg::k64x128pp,
+                                 TileCfg::k64x256pp, TileCfg::k64x128k128pp};
 
 // $FUSED_GEGLU_SM90_SWIZZLE (1/2/4/8) and $FUSED_GEGLU_SM90_RASTER (m/n) override the tile
 // scheduler's order the caller asked for, for measuring them side by side; read per call.
@@ -79,7 +83,7 @@ TileCfg pick_tile(int64_t M, int64_t N2, int sm_count, int64_t asked) {
       if (std::strcmp(e, tile_name(c)) == 0) return c;
     }
     TORCH_CHECK(false, "FUSED_GEGLU_SM90_TILE must be one of 128x128, 128x256, 128x128pp, 256x128, "
-                "128x192pp, got '", e, "'");
+                "128x192pp, 64x128pp, 64x256pp, 64x128k128pp, got '", e, "'");
   }
   if (asked >= 0) {
     TORCH_CHECK(asked < int64_t(sizeof(kAllTiles) / sizeof(kAllTiles[0])),
@@ -102,6 +106,9 @@ const char *dispatch(GateUpArgs &a, TileCfg cfg, at::Tensor &ws_holder, const at
     case TileCfg::k128x128pp: ws = geglu_gateup_workspace_bytes<Element, TileCfg::k128x128pp>(a); break;
     case TileCfg::k256x128: ws = geglu_gateup_workspace_bytes<Element, TileCfg::k256x128>(a); break;
     case TileCfg::k128x192pp: ws = geglu_gateup_workspace_bytes<Element, TileCfg::k128x192pp>(a); break;
+    case TileCfg::k64x128pp: ws = geglu_gateup_workspace_bytes<Element, TileCfg::k64x128pp>(a); break;
+    case TileCfg::k64x256pp: ws = geglu_gateup_workspace_bytes<Element, TileCfg::k64x256pp>(a); break;
+    case TileCfg::k64x128k128pp: ws = geglu_gateup_workspace_bytes<Element, TileCfg::k64x128k128pp>(a); break;
     default: ws = geglu_gateup_workspace_bytes<Element, TileCfg::k128x128>(a); break;
   }
   if (ws > 0) {
@@ -113,6 +120,9 @@ const char *dispatch(GateUpArgs &a, TileCfg cfg, at::Tensor &ws_holder, const at
     case TileCfg::k128x128pp: return launch_geglu_gateup<Element, TileCfg::k128x128pp>(a);
     case TileCfg::k256x128: return launch_geglu_gateup<Element, TileCfg::k256x128>(a);
     case TileCfg::k128x192pp: return launch_geglu_gateup<Element, TileCfg::k128x192pp>(a);
+    case TileCfg::k64x128pp: return launch_geglu_gateup<Element, TileCfg::k64x128pp>(a);
+    case TileCfg::k64x256pp: return launch_geglu_gateup<Element, TileCfg::k64x256pp>(a);
+    case TileCfg::k64x128k128pp: return launch_geglu_gateup<Element, TileCfg::k64x128k128pp>(a);
     default: return launch_geglu_gateup<Element, TileCfg::k128x128>(a);
   }
 }

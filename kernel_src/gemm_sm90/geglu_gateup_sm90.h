@@ -60,14 +60,24 @@ struct GateUpArgs {
   int skip_epilogue = 0;
 };
 
-// Tile configurations (few on purpose: each is a separate heavy instantiation).
+// Tile configurations (few on purpose: each is a separate heavy instantiation). Tile M x N x K:
 //   k128x128    cooperative (two consumer warp groups split one 128x128 tile), cluster 1x1
 //   k128x256    cooperative, cluster 2x1 (multicast x tiles): the wide tile for large M
 //   k128x128pp  ping-pong (each consumer warp group owns a whole 128x128 tile; one group's
 //               GeGLU epilogue overlaps the other's mainloop), cluster 2x1
 //   k256x128    cooperative, each consumer group a 128x128 half, cluster 1x2 (multicast w tiles)
 //   k128x192pp  ping-pong with a 192-wide tile (192 accumulators per thread), cluster 1x2
-enum class TileCfg : int { k128x128 = 0, k128x256 = 1, k128x128pp = 2, k256x128 = 3, k128x192pp = 4 };
+// Decode sizes (M <= 64): a 128-row tile at M = 16 spends 8x the tensor-core work the rows need,
+// and the cooperative 128x128 tile read the weights at only 2.5-2.6 TB/s there. 64 rows is the
+// smallest wgmma tile (one warp group); ping-pong is the schedule that allows it. Cluster 1x1 (one
+// M tile: there is nothing to multicast).
+//   k64x128pp      64x128x64
+//   k64x256pp      64x256x64 (half as many tiles, twice the bytes per stage)
+//   k64x128k128pp  64x128x128 (256-byte runs of each weight row per stage instead of 128)
+enum class TileCfg : int {
+  k128x128 = 0, k128x256 = 1, k128x128pp = 2, k256x128 = 3, k128x192pp = 4,
+  k64x128pp = 5, k64x256pp = 6, k64x128k128pp = 7
+};
 
 // Defined in the per-dtype TUs. Return a message on failure, nullptr on success.
 template <class Element, TileCfg Cfg>

@@ -200,22 +200,29 @@ struct SplitWeights {
   using type = SplitWeightMainloop<Mainloop>;
 };
 
+// Tile shape, cluster shape and schedule of each TileCfg (geglu_gateup_sm90.h lists them).
+template <int kM, int kN, int kK, int kClusterM, int kClusterN, bool kPingpong_>
+struct TileTraitsOf {
+  using TileShape = cute::Shape<cute::Int<kM>, cute::Int<kN>, cute::Int<kK>>;
+  using ClusterShape = cute::Shape<cute::Int<kClusterM>, cute::Int<kClusterN>, cute::_1>;
+  static constexpr bool kPingpong = kPingpong_;
+};
+template <TileCfg Cfg> struct TileTraits;
+template <> struct TileTraits<TileCfg::k128x128> : TileTraitsOf<128, 128, 64, 1, 1, false> {};
+template <> struct TileTraits<TileCfg::k128x256> : TileTraitsOf<128, 256, 64, 2, 1, false> {};
+template <> struct TileTraits<TileCfg::k128x128pp> : TileTraitsOf<128, 128, 64, 2, 1, true> {};
+template <> struct TileTraits<TileCfg::k256x128> : TileTraitsOf<256, 128, 64, 1, 2, false> {};
+template <> struct TileTraits<TileCfg::k128x192pp> : TileTraitsOf<128, 192, 64, 1, 2, true> {};
+template <> struct TileTraits<TileCfg::k64x128pp> : TileTraitsOf<64, 128, 64, 1, 1, true> {};
+template <> struct TileTraits<TileCfg::k64x256pp> : TileTraitsOf<64, 256, 64, 1, 1, true> {};
+template <> struct TileTraits<TileCfg::k64x128k128pp> : TileTraitsOf<64, 128, 128, 1, 1, true> {};
+
 // The kernel for one (dtype, tile) configuration.
 template <class Element, TileCfg Cfg>
 struct GateUpKernel {
-  // Tile, cluster and schedule of each TileCfg (geglu_gateup_sm90.h lists them).
-  using TileShape = cute::conditional_t<
-      Cfg == TileCfg::k128x256, cute::Shape<cute::_128, cute::_256, cute::_64>,
-      cute::conditional_t<Cfg == TileCfg::k256x128, cute::Shape<cute::_256, cute::_128, cute::_64>,
-                          cute::conditional_t<Cfg == TileCfg::k128x192pp,
-                                              cute::Shape<cute::_128, cute::_192, cute::_64>,
-                                              cute::Shape<cute::_128, cute::_128, cute::_64>>>>;
-  using ClusterShape = cute::conditional_t<
-      Cfg == TileCfg::k128x128, cute::Shape<cute::_1, cute::_1, cute::_1>,
-      cute::conditional_t<Cfg == TileCfg::k256x128 || Cfg == TileCfg::k128x192pp,
-                          cute::Shape<cute::_1, cute::_2, cute::_1>,
-                          cute::Shape<cute::_2, cute::_1, cute::_1>>>;
-  static constexpr bool kPingpong = Cfg == TileCfg::k128x128pp || Cfg == TileCfg::k128x192pp;
+  using TileShape = typename TileTraits<Cfg>::TileShape;
+  using ClusterShape = typename TileTraits<Cfg>::ClusterShape;
+  static constexpr bool kPingpong = TileTraits<Cfg>::kPingpong;
   using Schedule = cute::conditional_t<kPingpong, cutlass::gemm::KernelTmaWarpSpecializedPingpong,
                                        cutlass::gemm::KernelTmaWarpSpecializedCooperative>;
   // Consumer threads that run one epilogue: one warp group (ping-pong) or two (cooperative).

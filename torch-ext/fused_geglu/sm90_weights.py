@@ -30,7 +30,7 @@ def usable(x2: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor) -> bool:
 
 
 # The op's tile indices (TileCfg in kernel_src/gemm_sm90/geglu_gateup_sm90.h, same order).
-TILES = ("128x128", "128x256", "128x128pp", "256x128", "128x192pp")
+TILES = ("128x128", "128x256", "128x128pp", "256x128", "128x192pp", "64x128pp", "64x256pp", "64x128k128pp")
 _RASTER = {"": 0, "m": 1, "n": 2}
 
 
