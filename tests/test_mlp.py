@@ -358,6 +358,30 @@ def test_geglu_mlp_sm90_decode_tiles(kernel, device, monkeypatch, tile, m, dtype
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("m, expected", [(16, "triton"), (33, "cuda:sm90")])
+def test_geglu_mlp_auto_under_graph_capture(kernel, device, m, expected):
+    """The auto policy under CUDA-graph capture: Triton's decode kernels up to M = 16, the CUTLASS
+    64-row tile above (policy_sm90.json); the replay computes what a plain call does."""
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("the policy measured here is the sm_90 one")
+    h, i = 456, 712
+    x = randn(m, h, dtype=torch.bfloat16, device=device)
+    params = [p.detach() for p in _params(h, i, torch.bfloat16, device, biases=True)]
+    with torch.no_grad():
+        kernel.geglu_mlp(x, *params, approximate="tanh")  # warm-up (compiles Triton outside the capture)
+        torch.cuda.synchronize()
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            y = kernel.geglu_mlp(x, *params, approximate="tanh")
+        assert kernel.last_backend("geglu_mlp") == expected
+        x.copy_(randn(m, h, dtype=torch.bfloat16, device=device))
+        g.replay()
+        torch.cuda.synchronize()
+    ref = kernel.reference.geglu_mlp_ref(x, *params, approximate="tanh")
+    assert_close(y, ref, _eager(x, *params, "tanh"), f"geglu_mlp auto captured at M={m}")
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("tile", SM90_TILES)
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
 @pytest.mark.parametrize("approximate", ["tanh", "none"])

@@ -86,14 +86,17 @@ def test_policy_file_is_plain_json(policy):
     ("geglu_mlp", dict(m=16, h=2048, capturing=0), "cuda"),
     ("geglu_mlp", dict(m=8192, h=3584, capturing=0), "cuda"),
     ("geglu_mlp", dict(m=1024, h=2048, capturing=1), "cuda"),
-    # CUTLASS gate+up (reading w_gate/w_up in place): non-graph decode below H 1536 (cuBLAS above:
-    # its GEMMs read the weights faster at M = 16); M >= 1024 for H in [1152, 4096], with the tile
-    # and tile order measured per size; training too
-    ("geglu_mlp_sm90", dict(m=16, h=1152), "128x128/s1"),
-    ("geglu_mlp_sm90", dict(m=1, h=1152), "128x128/s1"),
-    ("geglu_mlp_sm90", dict(m=16, h=2048), "no"),
-    ("geglu_mlp_sm90", dict(m=16, h=3584), "no"),
-    ("geglu_mlp_sm90", dict(m=64, h=2048), "no"),
+    ("geglu_mlp", dict(m=64, h=2048, capturing=1), "cuda"),
+    ("geglu_mlp", dict(m=17, h=1152, capturing=1), "cuda"),
+    # CUTLASS gate+up (reading w_gate/w_up in place): decode with the 64-row tiles (64x256 for wide
+    # H at M = 16, 64x128 otherwise; M = 17..64 with graphs too); M >= 1024 for H in [1152, 4096],
+    # with the tile and tile order measured per size; training too
+    ("geglu_mlp_sm90", dict(m=16, h=1152), "64x128pp/s1"),
+    ("geglu_mlp_sm90", dict(m=1, h=1152), "64x128pp/s1"),
+    ("geglu_mlp_sm90", dict(m=16, h=2048), "64x256pp/s1"),
+    ("geglu_mlp_sm90", dict(m=16, h=3584), "64x256pp/s1"),
+    ("geglu_mlp_sm90", dict(m=64, h=2048), "64x128pp/s1"),
+    ("geglu_mlp_sm90", dict(m=65, h=2048), "no"),
     ("geglu_mlp_sm90", dict(m=1024, h=1152), "128x128pp/s1"),
     ("geglu_mlp_sm90", dict(m=1024, h=2048), "128x128pp/s1"),
     ("geglu_mlp_sm90", dict(m=1024, h=3584), "128x128pp/s4"),
