@@ -57,7 +57,7 @@ for phase in "$@"; do
       summary+=("diag $(tail -1 "$OUT/diag.log")")
       ;;
     test)
-      timeout ${TEST_TIMEOUT:-330} python3 -m pytest ${TEST_FILES:-tests} -q -p no:cacheprovider -o addopts="" -rfE -v --tb=line --durations=15 --maxfail=40 ${PYTEST_K:+-k "$PYTEST_K"} ${PYTEST_ARGS:-} 2>&1 | tee "$OUT/test.log" | tail -40
+      timeout ${TEST_TIMEOUT:-330} python3 -m pytest ${TEST_FILES:-tests} -p no:cacheprovider -o addopts="" -rfE -v --tb=line --durations=15 --maxfail=40 ${PYTEST_K:+-k "$PYTEST_K"} ${PYTEST_ARGS:-} 2>&1 | tee "$OUT/test.log" | tail -40
       summary+=("test $(grep -c ' PASSED' "$OUT/test.log") passed, $(grep -c ' FAILED' "$OUT/test.log") failed, $(grep -c ' SKIPPED' "$OUT/test.log") skipped; $(tail -1 "$OUT/test.log" | cut -c1-200) $(($(date +%s)-start))s")
       ;;
     selftest)
