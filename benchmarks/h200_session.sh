@@ -6,6 +6,7 @@
 #   bash benchmarks/h200_session.sh build bench                # the side-by-side harness
 #   bash benchmarks/h200_session.sh tune build diag test bench # + decode configs, cuBLASLt facts
 #   bash benchmarks/h200_session.sh build host decode          # host time per call; decode graph variants
+#   bash benchmarks/h200_session.sh build probe                # kernel_probe.py (PROBE_SECTIONS, default decode)
 # The last lines printed are a short summary of each phase.
 set -uo pipefail
 OUT=${OUT:-/tmp/fg-out}
@@ -102,6 +103,14 @@ PY
       export HF_HUB_OFFLINE=1 HF_HUB_CACHE=$PWD/.hub-cache
       timeout 200 python3 benchmarks/diag/decode_pdl.py --out "$OUT" --rounds 7 ${DECODE_ARGS:-} 2>&1 | tail -25 | tee "$OUT/decode.log"
       summary+=("decode $(($(date +%s)-start))s")
+      ;;
+    probe)
+      # Per-kernel timings for the dispatch policy (kernel_probe.py; default: the decode tiles).
+      export HF_HUB_OFFLINE=1 HF_HUB_CACHE=$PWD/.hub-cache
+      mkdir -p "$OUT/probe"
+      timeout ${PROBE_TIMEOUT:-200} python3 benchmarks/diag/kernel_probe.py --out "$OUT/probe" \
+        --sections ${PROBE_SECTIONS:-decode} 2>&1 | tee "$OUT/probe.log" | tail -60
+      summary+=("probe ${PROBE_SECTIONS:-decode} $(($(date +%s)-start))s")
       ;;
     e2e)
       timeout ${E2E_TIMEOUT:-200} python3 benchmarks/e2e_gemma.py --out "$OUT" 2>&1 | tee "$OUT/e2e.log" | tail -30
