@@ -149,6 +149,33 @@ def test_warmup_and_target_reach_the_timer(tmp_path, build_dir, monkeypatch):
             bench.main([flag, "0"])
 
 
+def test_host_probe_and_pin_cpu_are_recorded(tmp_path, build_dir, monkeypatch, capsys):
+    """Every run records the host time of a trivial ATen op at its start and end (the no-graph decode
+    rows are host-bound) and prints it under the table; --pin-cpu pins the process to one core and
+    says so, and a core it may not use is refused naming the flag."""
+    import os
+
+    monkeypatch.setattr(bench, "measure", lambda clock, step, n_sets, st, pre=None: ([1.0, 2.0, 3.0], 3))
+    before = os.sched_getaffinity(0)
+    core = min(before)
+    try:
+        argv = ["--smoke-cpu", "--no-compile", "--no-plot", "--ops", "geglu", "--pin-cpu", str(core),
+                "--build", str(build_dir), "--out", str(tmp_path)]
+        assert bench.main(argv) == 0
+        assert os.sched_getaffinity(0) == {core}
+    finally:
+        os.sched_setaffinity(0, before)
+    env = json.loads(next(tmp_path.glob("*.json")).read_text())["env"]
+    probe = env["host_probe_us"]
+    assert 0 < probe["start"] < 1e4 and 0 < probe["end"] < 1e4, probe
+    assert env["pinned"] is True and env["cpu_affinity"] == [core]
+    out = capsys.readouterr().out
+    assert "host: a trivial ATen op took" in out and f"pinned to CPU [{core}]" in out
+    with pytest.raises(SystemExit, match="--pin-cpu"):
+        bench.main(["--smoke-cpu", "--pin-cpu", str(1 << 20), "--build", str(build_dir), "--out", str(tmp_path)])
+    assert os.sched_getaffinity(0) == before
+
+
 def test_rounds_must_be_positive(capsys):
     with pytest.raises(SystemExit):
         bench.main(["--rounds", "0"])

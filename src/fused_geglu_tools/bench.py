@@ -1130,6 +1130,9 @@ def table(payload: dict) -> str:
     gpu = gpu_footer(rows)
     if gpu:
         lines.append(gpu)
+    host = host_footer(payload.get("env", {}))
+    if host:
+        lines.append(host)
     t = payload.get("timing", {})
     lines.append(
         f"total {t.get('total_s', 0):.0f} s (torch.compile first calls {t.get('compile_s', 0):.0f} s); "
@@ -1152,6 +1155,31 @@ def gpu_footer(rows: list[dict]) -> str | None:
     capped = sum(g["power_capped"] * g["samples"] for g in every) / n
     clocks = ", ".join(f"{p} {statistics.median(g['sm_mhz_median'] for g in gs):.0f}" for p, gs in sorted(by.items()))
     return f"SM clock while timed (MHz, median of rows): {clocks}; power cap (0x4) in {100 * capped:.0f}% of {n} samples"
+
+
+def host_op_us(torch, device, calls: int = 2000) -> float:
+    """Host microseconds of one trivial ATen op (``aten.alias``: dispatcher only, no kernel), the
+    median of 5 batches. Rows without CUDA graphs at decode sizes are host-bound, and this host's
+    speed moves by up to 2x between runs (host_time.py), so each run records it at its start and end."""
+    x = torch.empty(8, device=device)
+    alias = torch.ops.aten.alias
+    per_batch = []
+    for _ in range(5):
+        t = time.perf_counter()
+        for _ in range(calls):
+            alias(x)
+        per_batch.append((time.perf_counter() - t) / calls * 1e6)
+    return statistics.median(per_batch)
+
+
+def host_footer(env: dict) -> str | None:
+    probe = env.get("host_probe_us") or {}
+    if "start" not in probe:
+        return None
+    end = f", {probe['end']:.2f} at the end" if "end" in probe else ""
+    pinned = f"; process pinned to CPU {env['cpu_affinity']}" if env.get("pinned") else ""
+    return (f"host: a trivial ATen op took {probe['start']:.2f} us at the start{end} "
+            f"(no-graph decode rows are host-bound; compare them within one run){pinned}")
 
 
 PROVIDER_STYLE = {
@@ -1307,6 +1335,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "calls) runs its first timed calls at a higher clock; a longer warm-up evens that out")
     p.add_argument("--target-ms", type=_positive_float, default=None,
                    help="timed time per row: reps = target / estimate, clamped (default 100)")
+    p.add_argument("--pin-cpu", type=int, default=None, metavar="CPU",
+                   help="run on this one CPU core (os.sched_setaffinity), to see whether host jitter moves the no-graph rows")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--tol-factor", type=float, default=2.0, help="error allowed vs eager bf16's (default 2x)")
     p.add_argument("--commit", default=None, help="source commit to record (default: $FUSED_GEGLU_COMMIT or git HEAD)")
@@ -1329,6 +1359,12 @@ def main(argv: list[str] | None = None) -> int:
     if not args.smoke_cpu and not torch.cuda.is_available():
         print(GPU_ONLY_MESSAGE)
         return 0
+    if args.pin_cpu is not None:
+        try:
+            os.sched_setaffinity(0, {args.pin_cpu})
+        except (OSError, ValueError) as exc:
+            raise SystemExit(f"--pin-cpu {args.pin_cpu}: cannot pin to that CPU ({exc}); "
+                             f"this process may use {sorted(os.sched_getaffinity(0))}") from None
     t_start = _now()
     st = Settings(tol_factor=args.tol_factor, rounds=args.rounds)
     if args.quick or args.smoke_cpu:
@@ -1374,6 +1410,9 @@ def main(argv: list[str] | None = None) -> int:
     else:
         run.l2_bytes = 1 << 20
     env = environment(torch, dev, kernel, args)
+    env["pinned"] = args.pin_cpu is not None
+    env["cpu_affinity"] = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None
+    env["host_probe_us"] = {"start": host_op_us(torch, dev)}
     if dev.type == "cuda":
         # Clock and power per timed row (gpu_power: why); a failure leaves rows without them.
         uuid = str(getattr(torch.cuda.get_device_properties(dev), "uuid", "") or "")  # nvidia-smi's order may differ
@@ -1441,6 +1480,7 @@ def main(argv: list[str] | None = None) -> int:
             break
     if run.power is not None:
         run.power.stop()
+    env["host_probe_us"]["end"] = host_op_us(torch, dev)
     final = payload(final=True)
     write_json(json_path, final)
     png = None
