@@ -109,7 +109,7 @@ PY
       export HF_HUB_OFFLINE=1 HF_HUB_CACHE=$PWD/.hub-cache
       mkdir -p "$OUT/probe"
       timeout ${PROBE_TIMEOUT:-200} python3 benchmarks/diag/kernel_probe.py --out "$OUT/probe" \
-        --sections ${PROBE_SECTIONS:-decode} 2>&1 | tee "$OUT/probe.log" | tail -60
+        --sections ${PROBE_SECTIONS:-decode} ${PROBE_ARGS:-} 2>&1 | tee "$OUT/probe.log" | tail -60
       summary+=("probe ${PROBE_SECTIONS:-decode} $(($(date +%s)-start))s")
       ;;
     e2e)

@@ -434,7 +434,7 @@ def overhead(k, ops, rows: list) -> None:
 
 
 # Gate+up launches the decode section compares (the policy's "<tile>/s<swizzle>" form).
-DECODE_LAUNCHES = ("128x128/s1", "64x128pp/s1", "64x256pp/s1", "64x128k128pp/s1")
+DECODE_LAUNCHES = ("128x128/s1", "128x128pp/s1", "64x128pp/s1", "64x256pp/s1", "64x128k128pp/s1")
 
 
 def _graph_us(fn, sets: int, reps: int = 30) -> float:
@@ -449,8 +449,11 @@ def _graph_us(fn, sets: int, reps: int = 30) -> float:
     return time_us(lambda _: g.replay(), 1, reps=reps) / sets
 
 
+DECODE_TOKENS = [16, 64]  # --decode-tokens
+
+
 def decode(k, ops, rows: list, rounds: int = 3) -> None:
-    """Decode-size inference forward (bf16, tanh, no biases) per shape at M = 16 and 64.
+    """Decode-size inference forward (bf16, tanh, no biases) per shape at M = DECODE_TOKENS.
     No graph: through ``k.geglu_mlp`` with the auto policy and $FUSED_GEGLU_SM90_MLP naming the
     launch ("no" = cuBLAS + pointwise), so the host work of a real call is included; interleaved
     rounds. Graph: the compiled one-call ops (``geglu_mlp_sm90`` per tile, ``geglu_mlp_gemm``),
@@ -471,7 +474,7 @@ def decode(k, ops, rows: list, rounds: int = 3) -> None:
             wg, wu, wd = ws[j]
             return F.linear(F.gelu(F.linear(xs[j], wg), approximate="tanh") * F.linear(xs[j], wu), wd)
 
-        for m in (16, 64):
+        for m in DECODE_TOKENS:
             xs = [torch.randn(m, h, device="cuda", dtype=dt) for _ in range(sets)]
             hs = [torch.empty(m, i, device="cuda", dtype=dt) for _ in range(sets)]
 
@@ -530,7 +533,9 @@ def main() -> None:
     p.add_argument("--out", required=True)
     p.add_argument("--sections", default="pointwise,sm90,mlp,overhead")
     p.add_argument("--shapes", default=",".join(SHAPES), help="comma list of " + ",".join(SHAPES))
+    p.add_argument("--decode-tokens", default="16,64", help="M values of the decode section (e.g. 16,64,256,512)")
     args = p.parse_args()
+    DECODE_TOKENS[:] = [int(v) for v in args.decode_tokens.split(",")]
     for name in set(SHAPES) - set(args.shapes.split(",")):
         del SHAPES[name]
     torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction = True
