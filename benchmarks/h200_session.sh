@@ -8,6 +8,10 @@
 #   bash benchmarks/h200_session.sh build host decode          # host time per call; decode graph variants
 #   bash benchmarks/h200_session.sh build probe                # kernel_probe.py (PROBE_SECTIONS, default decode)
 # The last lines printed are a short summary of each phase.
+# Build time: `build` leaves $OUT/objcache-cu.tgz (the builder's compiled kernel objects, keyed by
+# their sources, flags and torch version). Unpacked into .objcache-cu/ here (git-ignored locally via
+# .git/info/exclude) and carried with the next call (carry [".whl", ".objcache-cu"]), it lets the
+# builder skip every kernel source that did not change; the binding is always recompiled.
 set -uo pipefail
 OUT=${OUT:-/tmp/fg-out}
 mkdir -p "$OUT"
@@ -24,13 +28,16 @@ for phase in "$@"; do
   case $phase in
     build)
       nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv | tee "$OUT/gpu.txt"
+      # Objects of unchanged kernel sources from an earlier call (see the header) skip their compile.
+      if [ -d .objcache-cu ]; then mkdir -p build/.objcache && cp -n .objcache-cu/*.o build/.objcache/ 2>/dev/null; fi
       $FG build --backends cuda 2>&1 | tee "$OUT/build.log"; rc=${PIPESTATUS[0]}
+      tar czf "$OUT/objcache-cu.tgz" -C build/.objcache . 2>/dev/null
       $FG stage >> "$OUT/build.log" 2>&1
       ls -la build/*/ >> "$OUT/build.log"
       so=$(ls build/torch211-*/*.so 2>/dev/null | head -1)
       [ -n "$so" ] && cuobjdump --dump-sass "$so" 2>/dev/null | grep -oE "(HGMMA|UTMALDG|UTMASTG)\.[0-9A-Za-z_.x]+" | sort | uniq -c | sort -rn > "$OUT/sass_hgmma.txt"
       tar czf "$OUT/build-cu.tgz" build/torch211-* build/torch-cuda 2>/dev/null
-      summary+=("build rc=$rc $(($(date +%s)-start))s so=$(du -h ${so:-/dev/null} | cut -f1) hgmma_lines=$(wc -l < "$OUT/sass_hgmma.txt" 2>/dev/null)")
+      summary+=("build rc=$rc $(($(date +%s)-start))s so=$(du -h ${so:-/dev/null} | cut -f1) hgmma_lines=$(wc -l < "$OUT/sass_hgmma.txt" 2>/dev/null) cached_objects=$(grep -c '(cached)' "$OUT/build.log")")
       ;;
     tune)
       # Decode-size (M = 16) Triton configs for the MLP's gate+up and down GEMMs of the benchmark

@@ -171,3 +171,43 @@ def test_missing_libstdcxx_dev_link_falls_back_to_the_shared_runtime(tmp_path):
     if real:
         dev = subprocess.run([real, "-print-file-name=libstdc++.so"], capture_output=True, text=True).stdout.strip()
         assert toolchain.shared_libstdcxx_flags(real) == ([] if os.path.isabs(dev) else ["-l:libstdc++.so.6"])
+
+
+def test_object_cache_key_covers_compiler_and_cutlass_headers(tmp_path, monkeypatch):
+    """build/.objcache is reused across machines (carried between device calls), so an object is
+    reused only when the compiler and the CUTLASS headers it saw are the same too, besides the
+    command line and the files beside the source."""
+    from fused_geglu_tools import builder
+
+    runs = []
+
+    def fake_run(cmd, what):
+        runs.append(what)
+        out = cmd[cmd.index("-o") + 1]
+        with open(out, "w") as f:
+            f.write(f"object {len(runs)}")
+
+    monkeypatch.setattr(builder, "_run", fake_run)
+    versions = {"cc": "cc 1.0"}
+    monkeypatch.setattr(builder, "_compiler_version", lambda exe: versions[exe])
+    src_dir, inc, cache = tmp_path / "kernel_src" / "k", tmp_path / "inc", tmp_path / "objcache"
+    src_dir.mkdir(parents=True)
+    (src_dir / "k.cu").write_text("// kernel")
+    (inc / "cutlass").mkdir(parents=True)
+    (inc / "cutlass" / "version.h").write_text("#define CUTLASS_MAJOR 4")
+    obj = tmp_path / "k.o"
+    cmd = ["cc", "-c", f"-I{inc}", str(src_dir / "k.cu"), "-o", str(obj)]
+
+    def compile_once():
+        builder._run_cached(cmd, "compiled k", cache, "torch X")
+        return obj.read_text()
+
+    assert compile_once() == "object 1"
+    assert compile_once() == "object 1" and len(runs) == 1, "same inputs: the cached object"
+    (inc / "cutlass" / "version.h").write_text("#define CUTLASS_MAJOR 5")
+    assert compile_once() == "object 2", "other CUTLASS headers: compiled again"
+    versions["cc"] = "cc 2.0"
+    assert compile_once() == "object 3", "another compiler: compiled again"
+    (src_dir / "k.h").write_text("// a header beside the source")
+    assert compile_once() == "object 4", "a changed file beside the source: compiled again"
+    assert compile_once() == "object 4" and len(runs) == 4

@@ -15,6 +15,7 @@ import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from functools import lru_cache
 from pathlib import Path
 
 from . import __version__, templates, toolchain
@@ -88,22 +89,39 @@ def _run(cmd: list[str], what: str) -> None:
     _log(f"{what} ({time.monotonic() - t0:.0f} s)")
 
 
+@lru_cache(maxsize=None)
+def _compiler_version(exe: str) -> str:
+    """``exe --version`` (a compiler's identity for the object cache's key)."""
+    try:
+        return subprocess.run([exe, "--version"], capture_output=True, text=True, timeout=60).stdout
+    except (OSError, subprocess.SubprocessError):
+        return ""
+
+
 def _run_cached(cmd: list[str], what: str, cache: Path, salt: str) -> None:
     """Compile, reusing an object from ``build/.objcache`` when nothing that feeds it changed.
 
     Only kernel sources are cached: the binding (torch-ext/) is compiled with the ops id, which
     changes with every commit, and compiles in seconds. The key covers the torch version
-    (``salt``), the command line without the ops id, and every file in the source's folder (the
-    headers a kernel source includes from this repository live beside it).
+    (``salt``), the compiler's ``--version``, the command line without the ops id, every file in
+    the source's folder (the headers a kernel source includes from this repository live beside
+    it), and the CUTLASS version header of any include folder that has one (the cache outlives a
+    machine when carried between device calls, and the headers' wheel may change under the same
+    include path).
     """
     src, obj = Path(cmd[cmd.index("-o") - 1]), Path(cmd[cmd.index("-o") + 1])
     if "torch-ext" in src.parts:
         return _run(cmd, what)
     h = hashlib.sha256(salt.encode())
+    h.update(_compiler_version(cmd[0]).encode())
     h.update(" ".join(c for c in cmd if not c.startswith("-DTORCH_EXTENSION_NAME=") and c != str(obj)).encode())
     for dep in sorted(src.parent.iterdir()):
         if dep.is_file():
             h.update(dep.name.encode() + dep.read_bytes())
+    for arg in cmd:
+        version_h = Path(arg[2:]) / "cutlass" / "version.h" if arg.startswith("-I") else None
+        if version_h is not None and version_h.is_file():
+            h.update(version_h.read_bytes())
     cached = cache / f"{src.stem}-{h.hexdigest()[:16]}.o"
     if cached.is_file():
         shutil.copy2(cached, obj)
