@@ -211,3 +211,13 @@ def test_object_cache_key_covers_compiler_and_cutlass_headers(tmp_path, monkeypa
     (src_dir / "k.h").write_text("// a header beside the source")
     assert compile_once() == "object 4", "a changed file beside the source: compiled again"
     assert compile_once() == "object 4" and len(runs) == 4
+    # A later build compiles in a fresh scratch folder (a new temporary name, its generated headers
+    # included from there): the same object, unless a generated header differs.
+    for n, registration in enumerate(["// gen", "// gen", "// other gen"]):
+        work = tmp_path / f".partial-{n}"
+        (work / "gen").mkdir(parents=True)
+        (work / "gen" / "registration.h").write_text(registration)
+        cmd[:] = ["cc", "-c", f"-I{work / 'gen'}", f"-I{inc}", str(src_dir / "k.cu"), "-o", str(work / "k.o")]
+        obj = work / "k.o"
+        builder._run_cached(cmd, "compiled k", cache, "torch X")
+    assert len(runs) == 6, "the second scratch folder reused the first one's object; the third did not"

@@ -103,7 +103,8 @@ def _run_cached(cmd: list[str], what: str, cache: Path, salt: str) -> None:
 
     Only kernel sources are cached: the binding (torch-ext/) is compiled with the ops id, which
     changes with every commit, and compiles in seconds. The key covers the torch version
-    (``salt``), the compiler's ``--version``, the command line without the ops id, every file in
+    (``salt``), the compiler's ``--version``, the command line without the ops id and with the
+    build's scratch folder as a placeholder (its generated headers by content), every file in
     the source's folder (the headers a kernel source includes from this repository live beside
     it), and the CUTLASS version header of any include folder that has one (the cache outlives a
     machine when carried between device calls, and the headers' wheel may change under the same
@@ -112,16 +113,25 @@ def _run_cached(cmd: list[str], what: str, cache: Path, salt: str) -> None:
     src, obj = Path(cmd[cmd.index("-o") - 1]), Path(cmd[cmd.index("-o") + 1])
     if "torch-ext" in src.parts:
         return _run(cmd, what)
+    # The build's scratch folder (a fresh temporary name per build) holds the object and the
+    # generated headers: the key names it by a placeholder and covers the generated files' contents.
+    work = str(obj.parent)
     h = hashlib.sha256(salt.encode())
     h.update(_compiler_version(cmd[0]).encode())
-    h.update(" ".join(c for c in cmd if not c.startswith("-DTORCH_EXTENSION_NAME=") and c != str(obj)).encode())
+    h.update(" ".join(c.replace(work, "<work>") for c in cmd
+                      if not c.startswith("-DTORCH_EXTENSION_NAME=") and c != str(obj)).encode())
     for dep in sorted(src.parent.iterdir()):
         if dep.is_file():
             h.update(dep.name.encode() + dep.read_bytes())
     for arg in cmd:
-        version_h = Path(arg[2:]) / "cutlass" / "version.h" if arg.startswith("-I") else None
-        if version_h is not None and version_h.is_file():
-            h.update(version_h.read_bytes())
+        inc = Path(arg[2:]) if arg.startswith("-I") else None
+        if inc is None:
+            continue
+        if arg[2:].startswith(work):
+            for gen in sorted(p for p in inc.rglob("*") if p.is_file()):
+                h.update(gen.name.encode() + gen.read_bytes())
+        elif (inc / "cutlass" / "version.h").is_file():
+            h.update((inc / "cutlass" / "version.h").read_bytes())
     cached = cache / f"{src.stem}-{h.hexdigest()[:16]}.o"
     if cached.is_file():
         shutil.copy2(cached, obj)
