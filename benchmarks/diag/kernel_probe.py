@@ -11,7 +11,7 @@ events, medians over many calls, inputs rotated over enough sets to exceed the L
   mlp        geglu_mlp forward and training step, ours (cuda, triton) vs eager and compile, with
              peak memory above the inputs
   overhead   where the Python time of a decode-sized geglu_mlp call goes (cProfile)
-  decode     whole-MLP inference forward at M = 16 / 64 per CUTLASS tile (the 64-row decode tiles too),
+  decode     whole-MLP inference forward at M = --decode-tokens (16,64) per CUTLASS tile (above 64: the 128-row tiles, no Triton),
              cuBLAS + pointwise, Triton and eager: without graphs (host time included, interleaved
              rounds) and as CUDA-graph replays (GPU time), plus the gate+up GEMM alone per tile
 
@@ -435,6 +435,9 @@ def overhead(k, ops, rows: list) -> None:
 
 # Gate+up launches the decode section compares (the policy's "<tile>/s<swizzle>" form).
 DECODE_LAUNCHES = ("128x128/s1", "128x128pp/s1", "64x128pp/s1", "64x256pp/s1", "64x128k128pp/s1")
+# Above M = 64 (the unmeasured M = 65..1023 range) the 128-row tiles of the prefill rules join, and
+# Triton's decode kernels (3.7-3.8x the weight-read floor already at M = 64) leave.
+MID_LAUNCHES = ("128x128/s1", "128x128pp/s1", "128x192pp/s1", "128x256/s1", "64x128pp/s1", "64x256pp/s1")
 
 
 def _graph_us(fn, sets: int, reps: int = 30) -> float:
@@ -490,11 +493,13 @@ def decode(k, ops, rows: list, rounds: int = 3) -> None:
             def triton(j):
                 return k.geglu_mlp(xs[j], *ws[j], approximate="tanh", backend="triton")
 
-            nograph = {"eager": eager, "cublas+pointwise": auto_with("no"), "triton": triton}
-            graph = {"eager": eager, "triton": triton,
+            nograph = {"eager": eager, "cublas+pointwise": auto_with("no")}
+            graph = {"eager": eager,
                      "cublas+pointwise": lambda j: ops.geglu_mlp_gemm(xs[j], *ws[j], None, None, None, 1)}
+            if m <= 64:
+                nograph["triton"] = graph["triton"] = triton
             gateup = {}
-            for launch in DECODE_LAUNCHES:
+            for launch in (DECODE_LAUNCHES if m <= 64 else MID_LAUNCHES):
                 args = sw.parse_launch(launch)
                 nograph[f"sm90 {launch}"] = auto_with(launch)
                 graph[f"sm90 {launch}"] = (lambda j, a=args:
