@@ -385,6 +385,25 @@ def test_geglu_mlp_auto_under_graph_capture(kernel, device, m, expected):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("m, h, expected", [(97, 1152, "cuda:sm90"), (300, 2048, "cuda:sm90"),
+                                            (256, 3584, "cuda+gemm"), (400, 3584, "cuda:sm90")])
+def test_geglu_mlp_auto_between_decode_and_prefill(kernel, device, m, h, expected):
+    """Inference at M = 65..1023 (batched decode, chunked prefill): the auto policy's CUTLASS tiles
+    where they measured faster, cuBLAS + pointwise where they did not (Gemma2-9B widths at M = 256);
+    either way the output matches float64 within bf16's own error."""
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("the policy measured here is the sm_90 one")
+    i = 700
+    x = randn(m, h, dtype=torch.bfloat16, device=device)
+    params = [p.detach() for p in _params(h, i, torch.bfloat16, device, biases=True)]
+    with torch.no_grad():
+        y = kernel.geglu_mlp(x, *params, approximate="tanh")
+    assert kernel.last_backend("geglu_mlp") == expected
+    ref = kernel.reference.geglu_mlp_ref(x, *params, approximate="tanh")
+    assert_close(y, ref, _eager(x, *params, "tanh"), f"geglu_mlp auto at M={m}, H={h}")
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("tile", SM90_TILES)
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
 @pytest.mark.parametrize("approximate", ["tanh", "none"])

@@ -96,7 +96,16 @@ def test_policy_file_is_plain_json(policy):
     ("geglu_mlp_sm90", dict(m=16, h=2048), "64x256pp/s1"),
     ("geglu_mlp_sm90", dict(m=16, h=3584), "64x256pp/s1"),
     ("geglu_mlp_sm90", dict(m=64, h=2048), "64x128pp/s1"),
-    ("geglu_mlp_sm90", dict(m=65, h=2048), "no"),
+    # M = 65..1023 (batched decode, chunked prefill): 128x128 cooperative up to M = 191, then 128x128pp
+    # at H <= 2048; at Gemma2-9B widths 128x128 from M = 384, cuBLAS + pointwise below (a tie at 256)
+    ("geglu_mlp_sm90", dict(m=65, h=2048), "128x128/s1"),
+    ("geglu_mlp_sm90", dict(m=191, h=3584), "128x128/s1"),
+    ("geglu_mlp_sm90", dict(m=128, h=768), "no"),
+    ("geglu_mlp_sm90", dict(m=192, h=1152), "128x128pp/s1"),
+    ("geglu_mlp_sm90", dict(m=1023, h=2048), "128x128pp/s1"),
+    ("geglu_mlp_sm90", dict(m=256, h=3584), "no"),
+    ("geglu_mlp_sm90", dict(m=384, h=3584), "128x128/s1"),
+    ("geglu_mlp_sm90", dict(m=1023, h=3584), "128x128/s1"),
     ("geglu_mlp_sm90", dict(m=1024, h=1152), "128x128pp/s1"),
     ("geglu_mlp_sm90", dict(m=1024, h=2048), "128x128pp/s1"),
     ("geglu_mlp_sm90", dict(m=1024, h=3584), "128x128pp/s4"),

@@ -28,6 +28,7 @@ import json
 import os
 import pstats
 import statistics
+import subprocess
 import time
 
 import torch
@@ -518,19 +519,43 @@ def decode(k, ops, rows: list, rounds: int = 3) -> None:
                 for impl, t in times.items():
                     rows.append({"section": "decode", "shape": name, "M": m, "mode": "nograph", "impl": impl,
                                  "us": t, "rounds": rounds})
-                for impl, fn in {**graph, **gateup}.items():
-                    try:
-                        t = statistics.median(_graph_us(fn, sets) for _ in range(rounds))
-                        row = {"section": "decode", "shape": name, "M": m, "mode": "graph", "impl": impl, "us": t}
-                        if impl in graph:
-                            row["of_floor"] = t / floor_us
-                        rows.append(row)
-                    except Exception as exc:  # noqa: BLE001
+                # Interleaved like the no-graph rounds (order reversed every other round): a tile
+                # decision within a few percent must not ride on the clock of one stretch of time.
+                cases, samples, errors = {**graph, **gateup}, {}, {}
+                for r in range(rounds):
+                    for impl, fn in (list(cases.items())[::-1] if r % 2 else cases.items()):
+                        if impl in errors:
+                            continue
+                        try:
+                            samples.setdefault(impl, []).append(_graph_us(fn, sets))
+                        except Exception as exc:  # noqa: BLE001
+                            errors[impl] = repr(exc)[:300]
+                for impl in cases:
+                    if impl in errors:
                         rows.append({"section": "decode", "shape": name, "M": m, "mode": "graph", "impl": impl,
-                                     "error": repr(exc)[:300]})
+                                     "error": errors[impl]})
+                        continue
+                    t = statistics.median(samples[impl])
+                    row = {"section": "decode", "shape": name, "M": m, "mode": "graph", "impl": impl, "us": t,
+                           "rounds": rounds}
+                    if impl in graph:
+                        row["of_floor"] = t / floor_us
+                    rows.append(row)
             del xs, hs
         del ws
         torch.cuda.empty_cache()
+
+
+def environment() -> dict:
+    """Where the numbers came from: device, driver, versions, the commit the build was made from."""
+    try:
+        driver = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                                capture_output=True, text=True, timeout=20).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        driver = None
+    return {"device": torch.cuda.get_device_name(), "driver": driver, "torch": torch.__version__,
+            "cuda": torch.version.cuda, "triton": importlib.import_module("triton").__version__,
+            "commit": os.environ.get("FUSED_GEGLU_COMMIT", "")}
 
 
 def main() -> None:
@@ -539,6 +564,7 @@ def main() -> None:
     p.add_argument("--sections", default="pointwise,sm90,mlp,overhead")
     p.add_argument("--shapes", default=",".join(SHAPES), help="comma list of " + ",".join(SHAPES))
     p.add_argument("--decode-tokens", default="16,64", help="M values of the decode section (e.g. 16,64,256,512)")
+    p.add_argument("--rounds", type=int, default=3, help="interleaved rounds of the decode section")
     args = p.parse_args()
     DECODE_TOKENS[:] = [int(v) for v in args.decode_tokens.split(",")]
     for name in set(SHAPES) - set(args.shapes.split(",")):
@@ -549,11 +575,13 @@ def main() -> None:
     path = os.path.join(args.out, "kernel_probe.json")
     for section in args.sections.split(","):
         t0 = time.time()
-        globals()[section](k, ops, rows)
+        if section == "decode":
+            decode(k, ops, rows, rounds=args.rounds)
+        else:
+            globals()[section](k, ops, rows)
         print(f"[probe] {section} done in {time.time() - t0:.0f} s", flush=True)
         with open(path, "w") as f:
-            json.dump({"device": torch.cuda.get_device_name(), "torch": torch.__version__,
-                       "ops_id": k.OPS_ID, "rows": rows}, f, indent=1)
+            json.dump({**environment(), "ops_id": k.OPS_ID, "args": vars(args), "rows": rows}, f, indent=1)
     for r in rows:
         if r["section"] == "overhead":
             print(f"overhead {r['impl']}: {r['cpu_us_per_call']:.1f} us/call CPU ({r['last_backend']})")
