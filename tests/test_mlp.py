@@ -385,22 +385,23 @@ def test_geglu_mlp_auto_under_graph_capture(kernel, device, m, expected):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("m, h, expected", [(97, 1152, "cuda:sm90"), (300, 2048, "cuda:sm90"),
-                                            (256, 3584, "cuda+gemm"), (400, 3584, "cuda:sm90")])
-def test_geglu_mlp_auto_between_decode_and_prefill(kernel, device, m, h, expected):
-    """Inference at M = 65..1023 (batched decode, chunked prefill): the auto policy's CUTLASS tiles
-    where they measured faster, cuBLAS + pointwise where they did not (Gemma2-9B widths at M = 256);
-    either way the output matches float64 within bf16's own error."""
+@pytest.mark.parametrize("m", [97, 192, 300, 384, 640, 1023])
+@pytest.mark.parametrize("h", [1152, 2048, 3584])
+def test_geglu_mlp_auto_between_decode_and_prefill(kernel, device, m, h):
+    """Inference at M = 65..1023 (batched decode, chunked prefill): the auto path runs the launch
+    the sm_90 policy names for the size (a CUTLASS tile, or cuBLAS + pointwise where no tile
+    measured faster), and either way the output matches float64 within bf16's own error."""
     if torch.cuda.get_device_capability() != (9, 0):
         pytest.skip("the policy measured here is the sm_90 one")
-    i = 700
+    i = 712  # a multiple of 8 (16-byte TMA rows), not of any tile
     x = randn(m, h, dtype=torch.bfloat16, device=device)
     params = [p.detach() for p in _params(h, i, torch.bfloat16, device, biases=True)]
+    launch = importlib.import_module(kernel.__name__ + ".policy").sm90_mlp_launch(m, h, x.device)
     with torch.no_grad():
         y = kernel.geglu_mlp(x, *params, approximate="tanh")
-    assert kernel.last_backend("geglu_mlp") == expected
+    assert kernel.last_backend("geglu_mlp") == ("cuda+gemm" if launch is None else "cuda:sm90"), launch
     ref = kernel.reference.geglu_mlp_ref(x, *params, approximate="tanh")
-    assert_close(y, ref, _eager(x, *params, "tanh"), f"geglu_mlp auto at M={m}, H={h}")
+    assert_close(y, ref, _eager(x, *params, "tanh"), f"geglu_mlp auto at M={m}, H={h} ({launch})")
 
 
 @pytest.mark.gpu

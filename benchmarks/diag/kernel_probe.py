@@ -454,6 +454,8 @@ def _graph_us(fn, sets: int, reps: int = 30) -> float:
 
 
 DECODE_TOKENS = [16, 64]  # --decode-tokens
+# --graph-only: GPU time of the whole call only (for a fine M grid); --launches: the above-64 launches
+DECODE_OPTS = {"graph_only": False, "launches": MID_LAUNCHES}
 
 
 def decode(k, ops, rows: list, rounds: int = 3) -> None:
@@ -500,7 +502,7 @@ def decode(k, ops, rows: list, rounds: int = 3) -> None:
             if m <= 64:
                 nograph["triton"] = graph["triton"] = triton
             gateup = {}
-            for launch in (DECODE_LAUNCHES if m <= 64 else MID_LAUNCHES):
+            for launch in (DECODE_LAUNCHES if m <= 64 else DECODE_OPTS["launches"]):
                 args = sw.parse_launch(launch)
                 nograph[f"sm90 {launch}"] = auto_with(launch)
                 graph[f"sm90 {launch}"] = (lambda j, a=args:
@@ -515,7 +517,9 @@ def decode(k, ops, rows: list, rounds: int = 3) -> None:
                     err = float((fn(0).double() - ref64).norm() / ref64.norm())
                     rows.append({"section": "decode", "shape": name, "M": m, "impl": f"check {impl}",
                                  "rel_err": err, "eager_rel_err": eager_err})
-                times = time_rounds(nograph, sets, rounds, 100)
+                times = {} if DECODE_OPTS["graph_only"] else time_rounds(nograph, sets, rounds, 100)
+                if DECODE_OPTS["graph_only"]:
+                    gateup = {}
                 for impl, t in times.items():
                     rows.append({"section": "decode", "shape": name, "M": m, "mode": "nograph", "impl": impl,
                                  "us": t, "rounds": rounds})
@@ -565,7 +569,14 @@ def main() -> None:
     p.add_argument("--shapes", default=",".join(SHAPES), help="comma list of " + ",".join(SHAPES))
     p.add_argument("--decode-tokens", default="16,64", help="M values of the decode section (e.g. 16,64,256,512)")
     p.add_argument("--rounds", type=int, default=3, help="interleaved rounds of the decode section")
+    p.add_argument("--launches", default=None,
+                   help="comma list of gate+up launches the decode section times above M = 64 (default: MID_LAUNCHES)")
+    p.add_argument("--graph-only", action="store_true",
+                   help="decode section: only the whole call replayed from graphs (no host-timed rounds, no gate+up alone)")
     args = p.parse_args()
+    DECODE_OPTS["graph_only"] = args.graph_only
+    if args.launches:
+        DECODE_OPTS["launches"] = tuple(args.launches.split(","))
     DECODE_TOKENS[:] = [int(v) for v in args.decode_tokens.split(",")]
     for name in set(SHAPES) - set(args.shapes.split(",")):
         del SHAPES[name]
