@@ -188,5 +188,9 @@ def test_sm90_tile_names_follow_the_kernel_enum(kernel):
     enum = re.search(r"enum class TileCfg : int \{([^}]*)\}", header).group(1)
     values = {int(v): n for n, v in re.findall(r"k(\w+) = (\d+)", enum)}
     assert [values[i] for i in range(len(values))] == list(sm90.TILES)
-    names = dict(re.findall(r'case TileCfg::k(\w+): return "(\w+)";', (src / "geglu_gateup_sm90.cu").read_text()))
+    host = (src / "geglu_gateup_sm90.cu").read_text()
+    names = dict(re.findall(r'case TileCfg::k(\w+): return "(\w+)";', host))
     assert names == {t: t for t in sm90.TILES}
+    # the host op's tile list (index -> instantiation) in the same order
+    listed = re.search(r"using Tiles = TileList<([^>]*)>", host).group(1)
+    assert [t.strip().removeprefix("TileCfg::k") for t in listed.split(",")] == list(sm90.TILES)

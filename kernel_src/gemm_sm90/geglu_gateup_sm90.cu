@@ -12,6 +12,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <optional>
+#include <type_traits>
 
 #include "geglu_gateup_sm90.h"
 #include "sm90_host.h"
@@ -50,9 +51,23 @@ const char *tile_name(TileCfg c) {
   return "?";
 }
 
-constexpr TileCfg kAllTiles[] = {TileCfg::k128x128, TileCfg::k128x256, TileCfg::k128x128pp,
-                                 TileCfg::k256x128, TileCfg::k128x192pp, TileCfg::k64x128pp,
-                                 TileCfg::k64x256pp, TileCfg::k64x128k128pp};
+// Every tile, in TileCfg's order (the op's tile index; sm90_weights.TILES in Python). with()
+// calls f(std::integral_constant<TileCfg, C>{}) for the C equal to a runtime cfg: the kernel is
+// picked by comparing cfg with each C, so a tile can only reach its own instantiation (a
+// hand-written switch could send one tile to another's kernel and still compute correct results).
+template <TileCfg... Cs>
+struct TileList {
+  static constexpr TileCfg all[] = {Cs...};
+  template <class F>
+  static const char *with(TileCfg cfg, F &&f) {
+    const char *result = "unknown tile";
+    ((cfg == Cs ? (result = f(std::integral_constant<TileCfg, Cs>{}), true) : false) || ...);
+    return result;
+  }
+};
+using Tiles = TileList<TileCfg::k128x128, TileCfg::k128x256, TileCfg::k128x128pp, TileCfg::k256x128,
+                       TileCfg::k128x192pp, TileCfg::k64x128pp, TileCfg::k64x256pp, TileCfg::k64x128k128pp>;
+constexpr auto &kAllTiles = Tiles::all;
 
 // $FUSED_GEGLU_SM90_SWIZZLE (1/2/4/8) and $FUSED_GEGLU_SM90_RASTER (m/n) override the tile
 // scheduler's order the caller asked for, for measuring them side by side; read per call.
@@ -100,31 +115,14 @@ TileCfg pick_tile(int64_t M, int64_t N2, int sm_count, int64_t asked) {
 template <class Element>
 const char *dispatch(GateUpArgs &a, TileCfg cfg, at::Tensor &ws_holder, const at::Device &dev) {
   using namespace fused_geglu_sm90;
-  size_t ws = 0;
-  switch (cfg) {
-    case TileCfg::k128x256: ws = geglu_gateup_workspace_bytes<Element, TileCfg::k128x256>(a); break;
-    case TileCfg::k128x128pp: ws = geglu_gateup_workspace_bytes<Element, TileCfg::k128x128pp>(a); break;
-    case TileCfg::k256x128: ws = geglu_gateup_workspace_bytes<Element, TileCfg::k256x128>(a); break;
-    case TileCfg::k128x192pp: ws = geglu_gateup_workspace_bytes<Element, TileCfg::k128x192pp>(a); break;
-    case TileCfg::k64x128pp: ws = geglu_gateup_workspace_bytes<Element, TileCfg::k64x128pp>(a); break;
-    case TileCfg::k64x256pp: ws = geglu_gateup_workspace_bytes<Element, TileCfg::k64x256pp>(a); break;
-    case TileCfg::k64x128k128pp: ws = geglu_gateup_workspace_bytes<Element, TileCfg::k64x128k128pp>(a); break;
-    default: ws = geglu_gateup_workspace_bytes<Element, TileCfg::k128x128>(a); break;
-  }
-  if (ws > 0) {
-    ws_holder = at::empty({int64_t(ws)}, at::TensorOptions().dtype(at::kByte).device(dev));
-    a.workspace = ws_holder.data_ptr();
-  }
-  switch (cfg) {
-    case TileCfg::k128x256: return launch_geglu_gateup<Element, TileCfg::k128x256>(a);
-    case TileCfg::k128x128pp: return launch_geglu_gateup<Element, TileCfg::k128x128pp>(a);
-    case TileCfg::k256x128: return launch_geglu_gateup<Element, TileCfg::k256x128>(a);
-    case TileCfg::k128x192pp: return launch_geglu_gateup<Element, TileCfg::k128x192pp>(a);
-    case TileCfg::k64x128pp: return launch_geglu_gateup<Element, TileCfg::k64x128pp>(a);
-    case TileCfg::k64x256pp: return launch_geglu_gateup<Element, TileCfg::k64x256pp>(a);
-    case TileCfg::k64x128k128pp: return launch_geglu_gateup<Element, TileCfg::k64x128k128pp>(a);
-    default: return launch_geglu_gateup<Element, TileCfg::k128x128>(a);
-  }
+  return Tiles::with(cfg, [&](auto tile) {
+    constexpr TileCfg C = decltype(tile)::value;
+    if (const size_t ws = geglu_gateup_workspace_bytes<Element, C>(a); ws > 0) {
+      ws_holder = at::empty({int64_t(ws)}, at::TensorOptions().dtype(at::kByte).device(dev));
+      a.workspace = ws_holder.data_ptr();
+    }
+    return launch_geglu_gateup<Element, C>(a);
+  });
 }
 
 }  // namespace
