@@ -1,0 +1,98 @@
+"""Propose ``geglu_mlp_sm90`` rules for M = 65..1023 from ``kernel_probe.py --sections decode`` results.
+
+    python benchmarks/diag/mid_rules.py benchmarks/results/kernel-probe-grid-h200-*.json [more.json ...]
+
+Reads the graph-replay rows (GPU time of one whole inference call: ``sm90 <launch>`` against
+``cublas+pointwise``), pools several files by taking each case's median, and prints per shape and M
+the fastest launch and its time relative to cuBLAS + pointwise. Then, per shape, it grows bands of
+consecutive measured M over which one launch stays within ``--margin`` of cuBLAS + pointwise at
+every point (the launch with the best worst-case ratio), and prints them as rules: a size between
+two measured points belongs to the band of both, otherwise the band ends halfway. Where no launch
+holds, the band is ``no`` (cuBLAS + pointwise). It proposes; policy_sm90.json is edited by hand,
+citing the files.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+from collections import defaultdict
+
+# The benchmark shapes' H, and the H range a rule derived from each covers (the ranges of the
+# existing M >= 1024 rules in policy_sm90.json).
+H_RANGE = {"gemma3-1b": (1152, 1535), "gemma-2b": (1536, 2048), "gemma2-9b": (2049, 4096)}
+
+
+def load(paths: list[str], lo: int, hi: int) -> dict:
+    """{shape: {M: {impl: median us}}} of the graph rows with lo <= M <= hi."""
+    samples: dict = defaultdict(lambda: defaultdict(lambda: defaultdict(list)))
+    for path in paths:
+        for r in json.load(open(path))["rows"]:
+            if r.get("section") == "decode" and r.get("mode") == "graph" and "us" in r and lo <= r["M"] <= hi:
+                impl = r["impl"]
+                if impl == "cublas+pointwise" or impl.startswith("sm90 "):
+                    samples[r["shape"]][r["M"]][impl.removeprefix("sm90 ")].append(r["us"])
+    return {s: {m: {i: statistics.median(v) for i, v in d.items()} for m, d in ms.items()}
+            for s, ms in samples.items()}
+
+
+def bands(per_m: dict, margin: float) -> list[tuple[int, int, str, float]]:
+    """Greedy left-to-right bands of measured M: (first M, last M, launch, worst ratio to cuBLAS)."""
+    ms = sorted(per_m)
+    out: list = []
+    k = 0
+    while k < len(ms):
+        best = None
+        for j in range(len(ms) - 1, k - 1, -1):  # the longest run from ms[k] one launch holds
+            span = ms[k:j + 1]
+            launches = set.intersection(*(set(per_m[m]) - {"cublas+pointwise"} for m in span))
+            worst = {ln: max(per_m[m][ln] / per_m[m]["cublas+pointwise"] for m in span) for ln in launches}
+            ok = {ln: w for ln, w in worst.items() if w <= margin}
+            if ok:
+                ln = min(ok, key=ok.get)
+                best = (ms[k], ms[j], ln, ok[ln])
+                break
+        if best is None:
+            out.append((ms[k], ms[k], "no", 1.0))
+            k += 1
+        else:
+            out.append(best)
+            k = ms.index(best[1]) + 1
+    merged: list = []
+    for b in out:  # adjacent "no" points are one band
+        if merged and b[2] == "no" and merged[-1][2] == "no":
+            merged[-1] = (merged[-1][0], b[1], "no", 1.0)
+        else:
+            merged.append(b)
+    return merged
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("files", nargs="+")
+    p.add_argument("--min-m", type=int, default=65)
+    p.add_argument("--max-m", type=int, default=1023)
+    p.add_argument("--margin", type=float, default=1.0,
+                   help="a launch holds a band if its time / cuBLAS + pointwise stays at or under this")
+    args = p.parse_args()
+    data = load(args.files, args.min_m, args.max_m)
+    for shape, per_m in data.items():
+        print(f"== {shape}")
+        for m in sorted(per_m):
+            cub = per_m[m]["cublas+pointwise"]
+            ranked = sorted((t, ln) for ln, t in per_m[m].items() if ln != "cublas+pointwise")
+            print(f"  M={m:5d} cuBLAS+pw {cub:7.1f} us | " +
+                  " ".join(f"{ln} {t / cub:.3f}" for t, ln in ranked[:4]))
+        ms = sorted(per_m)
+        for first, last, ln, worst in bands(per_m, args.margin):
+            i, j = ms.index(first), ms.index(last)
+            lo = args.min_m if i == 0 else (ms[i - 1] + first) // 2 + 1
+            hi = args.max_m if j == len(ms) - 1 else (last + ms[j + 1]) // 2
+            h_lo, h_hi = H_RANGE.get(shape, (0, 0))
+            print(f"  rule: min_m {lo} max_m {hi} min_h {h_lo} max_h {h_hi} -> {ln}"
+                  f" (measured M {first}..{last}, worst {worst:.3f} of cuBLAS + pointwise)")
+
+
+if __name__ == "__main__":
+    main()
