@@ -385,23 +385,41 @@ def test_geglu_mlp_auto_under_graph_capture(kernel, device, m, expected):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("m", [97, 192, 300, 384, 640, 1023])
+@pytest.mark.parametrize("captured", [False, True], ids=["eager", "graph"])
+@pytest.mark.parametrize("m", [97, 129, 200, 300, 480, 640, 800, 1023])
 @pytest.mark.parametrize("h", [1152, 2048, 3584])
-def test_geglu_mlp_auto_between_decode_and_prefill(kernel, device, m, h):
-    """Inference at M = 65..1023 (batched decode, chunked prefill): the auto path runs the launch
-    the sm_90 policy names for the size (a CUTLASS tile, or cuBLAS + pointwise where no tile
-    measured faster), and either way the output matches float64 within bf16's own error."""
+def test_geglu_mlp_auto_between_decode_and_prefill(kernel, device, m, h, captured):
+    """Inference at M = 65..1023 (batched decode, chunked prefill), plain and inside CUDA-graph
+    capture: the auto path runs the launch the sm_90 policy names for the size and capture state
+    (a CUTLASS tile, or cuBLAS + pointwise where no tile measured faster), and either way the
+    output matches float64 within bf16's own error."""
     if torch.cuda.get_device_capability() != (9, 0):
         pytest.skip("the policy measured here is the sm_90 one")
     i = 712  # a multiple of 8 (16-byte TMA rows), not of any tile
     x = randn(m, h, dtype=torch.bfloat16, device=device)
     params = [p.detach() for p in _params(h, i, torch.bfloat16, device, biases=True)]
-    launch = importlib.import_module(kernel.__name__ + ".policy").sm90_mlp_launch(m, h, x.device)
+    policy = importlib.import_module(kernel.__name__ + ".policy")
     with torch.no_grad():
-        y = kernel.geglu_mlp(x, *params, approximate="tanh")
-    assert kernel.last_backend("geglu_mlp") == ("cuda+gemm" if launch is None else "cuda:sm90"), launch
+        if captured:
+            # Both paths once outside capture (cuBLAS sets up its handle and workspace there).
+            kernel.geglu_mlp(x, *params, approximate="tanh")
+            _eager(x, *params, "tanh")
+            torch.cuda.synchronize()
+            g = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(g):
+                launch = policy.sm90_mlp_launch(m, h, x.device)
+                y = kernel.geglu_mlp(x, *params, approximate="tanh")
+            ran = kernel.last_backend("geglu_mlp")
+            x.copy_(randn(m, h, dtype=torch.bfloat16, device=device))
+            g.replay()
+            torch.cuda.synchronize()
+        else:
+            launch = policy.sm90_mlp_launch(m, h, x.device)
+            y = kernel.geglu_mlp(x, *params, approximate="tanh")
+            ran = kernel.last_backend("geglu_mlp")
+    assert ran == ("cuda+gemm" if launch is None else "cuda:sm90"), launch
     ref = kernel.reference.geglu_mlp_ref(x, *params, approximate="tanh")
-    assert_close(y, ref, _eager(x, *params, "tanh"), f"geglu_mlp auto at M={m}, H={h} ({launch})")
+    assert_close(y, ref, _eager(x, *params, "tanh"), f"geglu_mlp auto at M={m}, H={h} ({launch}, {ran})")
 
 
 @pytest.mark.gpu

@@ -75,10 +75,12 @@ def sm90_mlp_launch(m: int, h: int, device: torch.device, training: bool = False
     """The CUTLASS gate+up GEMM's launch (``"<tile>/s<swizzle>[m|n]"``, e.g. ``"128x128pp/s1"``)
     where it beat cuBLAS + the pointwise kernel at this size on this GPU, else None: the inference
     forward (``geglu_mlp_sm90``), or the training step (``geglu_mlp_sm90_train``: the epilogue
-    also writes gate and up). ``$FUSED_GEGLU_SM90_MLP`` overrides both for measuring: a launch,
-    or ``no``."""
+    also writes gate and up). Rules may name ``capturing`` (1 inside CUDA-graph capture): without
+    graphs a small-width call is bound by host time, where the path with fewer launches wins even
+    at a GPU-time tie. ``$FUSED_GEGLU_SM90_MLP`` overrides both for measuring: a launch, or ``no``."""
+    capturing = int(torch.cuda.is_current_stream_capturing())
     choice = os.environ.get("FUSED_GEGLU_SM90_MLP") or backend_for(
-        "geglu_mlp_sm90_train" if training else "geglu_mlp_sm90", device, "no", m=m, h=h)
+        "geglu_mlp_sm90_train" if training else "geglu_mlp_sm90", device, "no", m=m, h=h, capturing=capturing)
     return None if choice == "no" else choice
 
 
