@@ -12,6 +12,10 @@
 # their sources, flags and torch version). Unpacked into .objcache-cu/ here (git-ignored locally via
 # .git/info/exclude) and carried with the next call (carry [".whl", ".objcache-cu"]), it lets the
 # builder skip every kernel source that did not change; the binding is always recompiled.
+# Provenance: export FUSED_GEGLU_COMMIT=<the full 40-hex commit> (a short id is refused). The copy's own
+# .git may hold an older HEAD, so the builder cannot check the tree against that commit and records it
+# dirty; where the copied tree is exactly that commit (files of the call itself moved out first),
+# FUSED_GEGLU_DIRTY=0 says so.
 set -uo pipefail
 OUT=${OUT:-/tmp/fg-out}
 mkdir -p "$OUT"
