@@ -203,3 +203,24 @@ def test_sm90_tile_names_follow_the_kernel_enum(kernel):
     # the host op's tile list (index -> instantiation) in the same order
     listed = re.search(r"using Tiles = TileList<([^>]*)>", host).group(1)
     assert [t.strip().removeprefix("TileCfg::k") for t in listed.split(",")] == list(sm90.TILES)
+
+
+_GRID = Path(__file__).resolve().parents[1] / "benchmarks" / "results" / "kernel-probe-grid-h200-45d9f81.json"
+_GRID_H = {"gemma3-1b": 1152, "gemma-2b": 2048, "gemma2-9b": 3584}
+
+
+def test_mid_range_rules_never_named_a_launch_that_lost_where_measured(policy, sm90_rules):
+    """M = 129..1023 under graphs: at every M of the probe grid the rules cite, the launch the
+    policy names measured at most cuBLAS + pointwise's GPU time (0.5 % for the probe's own spread),
+    or the policy keeps cuBLAS + pointwise. An edited band that covers a losing point fails here."""
+    rows = json.loads(_GRID.read_text())["rows"]
+    times: dict = {}
+    for r in rows:
+        if r.get("mode") == "graph" and "us" in r:
+            times.setdefault((r["shape"], r["M"]), {})[r["impl"].removeprefix("sm90 ")] = r["us"]
+    assert len(times) == 39, sorted(times)  # 13 M x 3 shapes
+    for (shape, m), t in sorted(times.items()):
+        launch = policy.first_match(sm90_rules["geglu_mlp_sm90"], "no", {"m": m, "h": _GRID_H[shape], "capturing": 1})
+        if launch != "no":
+            assert launch in t, f"{shape} M={m}: {launch} was not measured"
+            assert t[launch] <= 1.005 * t["cublas+pointwise"], (shape, m, launch, t[launch], t["cublas+pointwise"])
