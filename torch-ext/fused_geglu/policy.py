@@ -78,9 +78,9 @@ def sm90_mlp_launch(m: int, h: int, device: torch.device, training: bool = False
     also writes gate and up). Rules may name ``capturing`` (1 inside CUDA-graph capture): without
     graphs a small-width call is bound by host time, where the path with fewer launches wins even
     at a GPU-time tie. ``$FUSED_GEGLU_SM90_MLP`` overrides both for measuring: a launch, or ``no``."""
-    capturing = int(torch.cuda.is_current_stream_capturing())
     choice = os.environ.get("FUSED_GEGLU_SM90_MLP") or backend_for(
-        "geglu_mlp_sm90_train" if training else "geglu_mlp_sm90", device, "no", m=m, h=h, capturing=capturing)
+        "geglu_mlp_sm90_train" if training else "geglu_mlp_sm90", device, "no", m=m, h=h,
+        capturing=int(torch.cuda.is_current_stream_capturing()))
     return None if choice == "no" else choice
 
 
