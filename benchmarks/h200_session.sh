@@ -6,6 +6,7 @@
 #   bash benchmarks/h200_session.sh build bench                # the side-by-side harness
 #   bash benchmarks/h200_session.sh tune build diag test bench # + decode configs, cuBLASLt facts
 #   bash benchmarks/h200_session.sh build host decode          # host time per call; decode graph variants
+#   bash benchmarks/h200_session.sh build sweep                # decode_sweep.py (SWEEP_ARGS)
 #   bash benchmarks/h200_session.sh build probe                # kernel_probe.py (PROBE_SECTIONS, default decode)
 # The last lines printed are a short summary of each phase.
 # Build time: `build` leaves $OUT/objcache-cu.tgz (the builder's compiled kernel objects, keyed by
@@ -114,6 +115,13 @@ PY
       export HF_HUB_OFFLINE=1 HF_HUB_CACHE=$PWD/.hub-cache
       timeout 200 python3 benchmarks/diag/decode_pdl.py --out "$OUT" --rounds 7 ${DECODE_ARGS:-} 2>&1 | tail -25 | tee "$OUT/decode.log"
       summary+=("decode $(($(date +%s)-start))s")
+      ;;
+    sweep)
+      # Decode launch configs of the Triton gate+up and down kernels, timed cold (decode_sweep.py --help).
+      export HF_HUB_OFFLINE=1 HF_HUB_CACHE=$PWD/.hub-cache
+      timeout ${SWEEP_TIMEOUT:-420} python3 benchmarks/diag/decode_sweep.py --out "$OUT" ${SWEEP_ARGS:-} 2>&1 \
+        | grep -v -i warn | tee "$OUT/sweep.log" | tail -40
+      summary+=("sweep $(($(date +%s)-start))s")
       ;;
     probe)
       # Per-kernel timings for the dispatch policy (kernel_probe.py; default: the decode tiles).

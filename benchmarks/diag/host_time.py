@@ -13,7 +13,8 @@ A span near max(host_us, kernel_us) says the GPU waited for the host.
 ``--parts`` also times, host side only, the pieces of ours' path at each size: the Python dispatch
 before any launch (policy, operand checks), the output allocation, the compiled CUTLASS gate+up op
 called directly, the cuBLAS down GEMM alone, both as two calls and as the one compiled call the
-path makes (``geglu_mlp_sm90``), and a trivial ATen op (the dispatcher's floor). ``--forced`` adds
+path makes (``geglu_mlp_sm90``), the cuBLAS + pointwise one-call op (``geglu_mlp_gemm``) against its three
+linears and eager's five ops, and a trivial ATen op (the dispatcher's floor). ``--forced`` adds
 ours with the policy's sm90 choice replaced (CUTLASS gate+up / cuBLAS + pointwise, through
 $FUSED_GEGLU_SM90_MLP) and the Triton path, for the no-graph decode rule. The same x and weights
 every call: weights below L2's size (Gemma3-1B) read faster here than in the harness.
@@ -88,6 +89,11 @@ def _parts(k, x, ws) -> dict[str, float]:
         "two_calls": lambda: F.linear(k.sm90_weights.gateup_sm90(ops, x, wg, wu, None, None, "tanh", launch)[0], wd),
         "mlp_op": lambda: k.sm90_weights.mlp_sm90(ops, x, wg, wu, wd, None, None, None, "tanh", launch),
         "record": lambda: k._dispatch.record("geglu_mlp", "cuda:sm90"),
+        # the cuBLAS + pointwise path (policy "no"): its pieces against eager's five ops
+        "pointwise_pick": lambda: k.mlp._geglu._pick(dev, "auto", "fwd", m * i, True),
+        "gemm_op": lambda: ops.geglu_mlp_gemm(x, wg, wu, wd, None, None, None, 1),
+        "three_linears": lambda: (F.linear(x, wg), F.linear(x, wu), F.linear(hid, wd)),
+        "eager": lambda: F.linear(F.gelu(F.linear(x, wg), approximate="tanh") * F.linear(x, wu), wd),
         "whole": lambda: k.geglu_mlp(x, wg, wu, wd, approximate="tanh"),
         "trivial_op": lambda: torch.ops.aten.alias(x),
     }
