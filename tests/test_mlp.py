@@ -288,64 +288,6 @@ def test_geglu_mlp_decode_reduces_split_k_in_the_down_gemm(kernel, device, monke
                              "none", None, tile_counters=counters[:0])
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16], ids=str)
-@pytest.mark.parametrize("shape", [(3, 24, 72), ((2, 5), 40, 200), (16, 1152, 6912), (13, 1152, 6920)], ids=str)
-def test_geglu_mlp_decode_down_gemm_reads_its_weight_before_the_wait(kernel, device, monkeypatch, dtype, shape):
-    """A down GEMM config with PREFETCH_B (each K slice one BLOCK_K step, its weight tile read before the
-    PDL wait, the gate+up kernel letting it in at its start) computes the MLP and `linear` as closely
-    to float64 as eager does, with K not a multiple of BLOCK_K, eagerly and (GPU) replayed from a graph.
-    CPU: the interpreter's split-K config with the flag; GPU: real widths, the tuned entry replaced."""
-    _skip_unless(kernel, device, "triton", dtype)
-    tokens, h, i = shape
-    if device == "cpu" and i > 300:
-        pytest.skip("real widths run on the GPU (the interpreter takes minutes)")
-    cfgmod = importlib.import_module(kernel.__name__ + ".triton_kernels.configs")
-    tk_linear = importlib.import_module(kernel.__name__ + ".triton_kernels.linear")
-    lead = tokens if isinstance(tokens, tuple) else (tokens,)
-    m = 1
-    for d in lead:
-        m *= d
-    if device == "cpu":
-        monkeypatch.setattr(cfgmod, "_INTERPRETER_SPLIT_K",
-                            cfgmod.KernelConfig(16, 16, 32, 1, num_warps=1, num_stages=1, SPLIT_K=0, PREFETCH_B=1))
-    else:
-        if torch.cuda.get_device_capability(device)[0] < 9:
-            pytest.skip("the early start needs programmatic dependent launch (sm_90 or newer)")
-        cap = tuple(torch.cuda.get_device_capability(device))
-        table = cfgmod._load_json(cap).setdefault("tuned", {}).setdefault("linear_fwd", {})
-        for n, kk in ((h, i), (i, h)):  # the down GEMM, and `linear` with the gate weight below
-            monkeypatch.setitem(table, cfgmod.shape_key(m, n, kk),
-                                cfgmod.KernelConfig(16, 32, 512, 1, num_warps=4, num_stages=1, SPLIT_K=0,
-                                                    PREFETCH_B=1))
-        cfgmod._gpu_config.cache_clear()  # and again below, before the entries are put back
-    try:
-        x = randn(*lead, h, dtype=dtype, device=device)
-        params = [p.detach() for p in _params(h, i, dtype, device, biases=True)]
-        cfg = cfgmod.get_config("linear_fwd", x.device, dtype, m, h, i)
-        assert cfg.PREFETCH_B and tk_linear._k_slices(cfg, 1, i, x.device)[1] == cfg.BLOCK_K
-        if device != "cpu":
-            assert tk_linear.prefetches_weight(x.device, dtype, m, h, i), "the gate+up kernel would not let it in early"
-        y = kernel.geglu_mlp(x, *params, approximate="tanh", backend="triton")
-        assert_close(y, kernel.reference.geglu_mlp_ref(x, *params, approximate="tanh"), _eager(x, *params, "tanh"),
-                     "geglu_mlp decode, weight read before the wait")
-        lin = kernel.linear(x, params[0], params[3], backend="triton")
-        lin_ref = torch.nn.functional.linear(x.double(), params[0].double(), params[3].double())
-        lin_eager = torch.nn.functional.linear(x, params[0], params[3])
-        assert_close(lin, lin_ref, lin_eager, "linear decode, weight read before the wait")
-        if device != "cpu":
-            out = torch.empty_like(y)
-            g = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(g):
-                out.copy_(kernel.geglu_mlp(x, *params, approximate="tanh", backend="triton"))
-            out.zero_()
-            g.replay()
-            torch.cuda.synchronize()
-            assert torch.equal(out, y), "graph replay differs from the eager call"
-    finally:
-        if device != "cpu":
-            cfgmod._gpu_config.cache_clear()
-
-
 def test_pdl_only_for_decode_on_sm90(kernel, monkeypatch):
     """Programmatic dependent launch is asked for only at decode sizes on a CUDA device of sm_90 or
     newer, and FUSED_GEGLU_PDL=0 turns it off (CPU: the capability lookup is stubbed)."""

@@ -6,13 +6,15 @@ capture rule runs it (`geglu_mlp(..., backend="triton")`: gate+up kernel, then t
 split-K slices summed in place, PDL as shipped) inside one CUDA graph of n calls over n weight sets
 that together hold at least 4x L2, so every call reads its weights from DRAM, as a decode step does.
 
-1. screen: each candidate config of one kernel with the other kernel's shipped config, one round
-   (down configs with PREFETCH_B, triton_kernels/linear.py, form their own group);
+1. screen: each candidate config of one kernel with the other kernel's shipped config, one round;
 2. rounds: the `--keep` best of each kernel, plus the shipped pair, `--rounds` interleaved rounds;
-3. pairs: the best 3 gate+up x the best 3 down and 3 PREFETCH_B down configs, the shipped pair and eager, `--rounds` interleaved rounds.
+3. pairs: the best 3 x 3 combinations, the shipped pair and eager, `--rounds` interleaved rounds.
 Every output is compared with the shipped pair's (max abs difference, recorded) and with float64.
 
     python3 benchmarks/diag/decode_sweep.py --out DIR [--shapes gemma3-1b] [--tokens 16] [--rounds 7]
+
+The run at 7771557 also swept down configs that read their weight before the PDL wait (a kernel option
+since removed; triton_kernels/pdl.py has the numbers).
 
 Writes DIR/decode-sweep.json (env, per shape: candidates, screen, rounds, pairs, and the winner as a
 configs_sm90.json "tuned" entry). Not the product benchmark (benchmarks/compare.py).
@@ -59,20 +61,9 @@ def down_candidates():
                "SPLIT_K": sk}
 
 
-def down_prefetch_candidates():
-    """Down GEMM with PREFETCH_B: each K slice one BLOCK_K step, its weight tile read into registers
-    before the PDL wait (the gate+up kernel lets it in at its start). At most 512 bytes per thread."""
-    for bn, bk, w in itertools.product((16, 32, 64), (256, 512, 1024), (2, 4, 8)):
-        if bn * bk * 2 > 512 * 32 * w or bn * bk * 2 < 64 * 32 * w:
-            continue
-        yield {"BLOCK_M": 16, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": 1, "num_warps": w, "num_stages": 1,
-               "SPLIT_K": 0, "PREFETCH_B": 1}
-
-
 def name_of(cfg: dict) -> str:
     s = f"{cfg['BLOCK_N']}x{cfg['BLOCK_K']}w{cfg['num_warps']}s{cfg['num_stages']}"
-    s += f"k{cfg['SPLIT_K']}" if cfg.get("SPLIT_K", 1) != 1 else ""
-    return s + ("pf" if cfg.get("PREFETCH_B") else "")
+    return s + (f"k{cfg['SPLIT_K']}" if cfg.get("SPLIT_K", 1) != 1 else "")
 
 
 class Table:
@@ -173,8 +164,7 @@ def main() -> None:
                     for lab, t in times.items()}
 
         graphs["shipped"] = build("shipped", None, None)
-        cands = {"gateup": list(gateup_candidates()), "down": list(down_candidates()),
-                 "downpf": list(down_prefetch_candidates())}
+        cands = {"gateup": list(gateup_candidates()), "down": list(down_candidates())}
         if args.max_candidates:
             cands = {kk: v[:: max(1, len(v) // args.max_candidates)] for kk, v in cands.items()}
         screen = {}
@@ -182,7 +172,7 @@ def main() -> None:
             entries = {"shipped": graphs["shipped"]}
             for cfg in lst:
                 lab = f"{kern}:{name_of(cfg)}"
-                e = build(lab, cfg if kern == "gateup" else None, cfg if kern != "gateup" else None)
+                e = build(lab, cfg if kern == "gateup" else None, cfg if kern == "down" else None)
                 if e is not None:
                     e["cfg"] = cfg
                     entries[lab] = e
@@ -200,7 +190,7 @@ def main() -> None:
         top = {kern: [lab for _, lab in sorted((v["median_us"], lab) for lab, v in rounds.items()
                                                if lab.startswith(kern + ":"))[:3]] for kern in cands}
         pairs_in = {"shipped": graphs["shipped"]}
-        for gl, dl in itertools.product(top["gateup"], top["down"] + top["downpf"]):
+        for gl, dl in itertools.product(top["gateup"], top["down"]):
             e = build(f"{gl}+{dl}", graphs[gl]["cfg"], graphs[dl]["cfg"])
             if e is not None:
                 e["cfg"] = {"gateup_fwd": graphs[gl]["cfg"], "linear_fwd": graphs[dl]["cfg"]}

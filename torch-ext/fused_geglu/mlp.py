@@ -92,11 +92,7 @@ def _forward(x, w_gate, w_up, w_down, b_gate, b_up, b_down, approximate: str, sa
         # counters the gate+up kernel zeroes (no reduction kernel, no memset).
         counters = (torch.empty(tk_linear.splitk_counters(m, h), dtype=torch.int32, device=device)
                     if m <= tk_linear.FUSED_REDUCE_MAX_M else None)
-        # A down GEMM that reads its weight before waiting for h (PREFETCH_B) is let in at the gate+up
-        # kernel's start, so its weight streams alongside the gate+up weights.
-        early = counters is not None and tk_linear.prefetches_weight(device, x.dtype, m, h, i)
-        tk_mlp.gateup_fwd(hid, x2, w_gate, w_up, b_gate, b_up, approximate, gate, up, zero_out=counters,
-                          trigger_at_start=True if early else None)
+        tk_mlp.gateup_fwd(hid, x2, w_gate, w_up, b_gate, b_up, approximate, gate, up, zero_out=counters)
         y = torch.empty((m, h), dtype=x.dtype, device=device)
         tk_linear.linear_fwd(y, hid, w_down, b_down, "none", None, tile_counters=counters)
     elif backend == "cuda" and _dispatch.compiled_has("geglu_gateup_sm90", "cuda") \

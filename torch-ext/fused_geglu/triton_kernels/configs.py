@@ -63,10 +63,6 @@ class KernelConfig:
     # most MAX_SPLIT_K), because at decode sizes there are too few output tiles to stream the weight
     # at full bandwidth.
     SPLIT_K: int = 1
-    # linear_fwd* split-K only: every K slice is one BLOCK_K step (SPLIT_K then only says "split"),
-    # and the weight tile is read before the PDL wait, so at decode it streams while the kernel
-    # before (the MLP's gate+up) still runs (linear.py, _linear_splitk_kernel).
-    PREFETCH_B: int = 0
 
     @classmethod
     def from_dict(cls, d: dict) -> "KernelConfig":
@@ -97,8 +93,6 @@ def config_supports(kernel: str, cfg: KernelConfig, elem_size: int = 2, smem_byt
     if cfg.GROUP_M < 1 or cfg.num_stages < 1 or not 0 <= cfg.SPLIT_K <= MAX_SPLIT_K:
         return False
     if cfg.SPLIT_K != 1 and kernel not in SPLIT_K_KERNELS:
-        return False
-    if cfg.PREFETCH_B and (cfg.SPLIT_K == 1 or kernel not in SPLIT_K_KERNELS):
         return False
     if kernel == "dh_bwd" and cfg.BLOCK_N < 32:  # split into two BLOCK_N/2 accumulators, each >= 16
         return False

@@ -86,7 +86,6 @@ def _linear_splitk_kernel(
     FUSE_REDUCE: tl.constexpr = False, counter_ptr=None, bias_ptr=None, out_ptr=None, preact_ptr=None,
     stride_om=0, stride_pm=0,
     HAS_BIAS: tl.constexpr = False, ACT: tl.constexpr = 0, STORE_PREACT: tl.constexpr = False,
-    PREFETCH_B: tl.constexpr = False,
 ):
     # Skinny M (decode): an [M, N] output has too few tiles to keep every SM streaming the weight,
     # so each program also takes one K slice and stores its fp32 partial sum; _splitk_reduce_kernel
@@ -98,36 +97,21 @@ def _linear_splitk_kernel(
     rk = pid_s * K_PER_SPLIT + tl.arange(0, BLOCK_K)  # absolute k of this slice's first step
     am = (offs_m % M).to(tl.int64)
     bn = (offs_n % N).to(tl.int64)
+    wait_for_previous(PDL)  # decode: x is the gate+up kernel's h
     a_ptrs = x_ptr + am[:, None] * stride_xm + rk[None, :]  # [BM, BK]
     b_ptrs = w_ptr + bn[None, :] * stride_wn + rk[:, None]  # [BK, BN] = W.T tile
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    if PREFETCH_B:
-        # The slice is one BLOCK_K step. The weight does not depend on the kernel before (the stream
-        # ran everything before that kernel to completion before it started), so its tile is read
-        # first and streams while that kernel still runs; only x (h) is read after the wait.
-        if EVEN_K:
+    for k0 in range(0, K_PER_SPLIT, BLOCK_K):
+        if EVEN_K:  # every slice is whole: K is a multiple of K_PER_SPLIT (itself of BLOCK_K)
+            a = tl.load(a_ptrs)
             b = tl.load(b_ptrs)
         else:
-            b = tl.load(b_ptrs, mask=(rk < K)[:, None], other=0.0)
-        wait_for_previous(PDL)
-        if EVEN_K:
-            a = tl.load(a_ptrs)
-        else:
-            a = tl.load(a_ptrs, mask=(rk < K)[None, :], other=0.0)
+            k_ok = rk + k0 < K
+            a = tl.load(a_ptrs, mask=k_ok[None, :], other=0.0)
+            b = tl.load(b_ptrs, mask=k_ok[:, None], other=0.0)
         acc = tl.dot(a, b, acc, input_precision=DOT_PREC)
-    else:
-        wait_for_previous(PDL)  # decode: x is the gate+up kernel's h
-        for k0 in range(0, K_PER_SPLIT, BLOCK_K):
-            if EVEN_K:  # every slice is whole: K is a multiple of K_PER_SPLIT (itself of BLOCK_K)
-                a = tl.load(a_ptrs)
-                b = tl.load(b_ptrs)
-            else:
-                k_ok = rk + k0 < K
-                a = tl.load(a_ptrs, mask=k_ok[None, :], other=0.0)
-                b = tl.load(b_ptrs, mask=k_ok[:, None], other=0.0)
-            acc = tl.dot(a, b, acc, input_precision=DOT_PREC)
-            a_ptrs += BLOCK_K
-            b_ptrs += BLOCK_K
+        a_ptrs += BLOCK_K
+        b_ptrs += BLOCK_K
     let_dependents_start(PDL, not TRIGGER_AT_START)  # from here (pdl.TRIGGER_AT_START)
     store_tile(part_ptr + pid_s.to(tl.int64) * M * N, N, offs_m, offs_n, M, N, acc)
     if FUSE_REDUCE:
@@ -318,7 +302,6 @@ def linear_fwd(
             preact_ptr=or_dummy(preact_out, out), stride_om=out.stride(0),
             stride_pm=preact_out.stride(0) if preact_out is not None else 0,
             HAS_BIAS=bias is not None, ACT=act, STORE_PREACT=preact_out is not None,
-            PREFETCH_B=bool(cfg.PREFETCH_B),
             num_warps=cfg.num_warps, num_stages=cfg.num_stages, **launch_kwargs(pdl),
         )
         if fuse:
@@ -354,15 +337,6 @@ def splitk_counters(m: int, n: int) -> int:
     return triton.cdiv(m, 16) * triton.cdiv(n, 16)
 
 
-def prefetches_weight(device: torch.device, dtype: torch.dtype, m: int, n: int, k: int) -> bool:
-    """Whether `linear_fwd` (no activation) at this size reads its weight before waiting on the kernel
-    before it (config PREFETCH_B, under PDL): that kernel should then let it in at its own start."""
-    if not pdl_enabled(device, m):
-        return False
-    cfg = get_config("linear_fwd", device, dtype, m, n, k)
-    return bool(cfg.PREFETCH_B) and cfg.SPLIT_K != 1
-
-
 def _sm_count(device: torch.device) -> int:
     if device.type != "cuda":
         return 4  # the interpreter: any small number, so that CPU tests take the split path
@@ -379,8 +353,6 @@ def _k_slices(cfg, tiles: int, k: int, device: torch.device) -> tuple:
     is a whole number of BLOCK_K steps and none is empty."""
     if cfg.SPLIT_K == 1:
         return 1, k
-    if cfg.PREFETCH_B:  # one BLOCK_K step per slice (the kernel reads the slice's weight tile at once)
-        return triton.cdiv(k, cfg.BLOCK_K), cfg.BLOCK_K
     want = cfg.SPLIT_K or triton.cdiv(2 * _sm_count(device), tiles)
     k_blocks = triton.cdiv(k, cfg.BLOCK_K)
     split = max(1, min(want, k_blocks, MAX_SPLIT_K))

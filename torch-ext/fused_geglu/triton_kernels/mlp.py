@@ -154,14 +154,12 @@ def gateup_fwd(
     h_out: torch.Tensor, x: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor,
     b_gate: Optional[torch.Tensor], b_up: Optional[torch.Tensor], approximate: str,
     gate_out: Optional[torch.Tensor], up_out: Optional[torch.Tensor],
-    zero_out: Optional[torch.Tensor] = None, trigger_at_start: Optional[bool] = None,
+    zero_out: Optional[torch.Tensor] = None,
 ) -> torch.Tensor:
     """h_out[M, I] = gelu(x @ w_gate.T + b_gate) * (x @ w_up.T + b_up) in one GEMM pass with two fp32
     accumulators (x[M, H] read once). If gate_out / up_out [M, I] are given (both or neither), the
     pre-activations are stored as well. `zero_out` (int32) is set to zero on the way, by the same kernel:
-    the down GEMM's split-K tile counters, so that they cost no launch of their own. Under PDL the
-    next kernel may start at this one's start (`trigger_at_start`: for a successor that reads its weight
-    before waiting) or after its main loop (default: `pdl.TRIGGER_AT_START`)."""
+    the down GEMM's split-K tile counters, so that they cost no launch of their own."""
     act = act_from_approximate(approximate)
     if (gate_out is None) != (up_out is None):
         raise ValueError("gate_out and up_out must be given together")
@@ -191,7 +189,7 @@ def gateup_fwd(
         HAS_BG=b_gate is not None, HAS_BU=b_up is not None, STORE_PREACT=store,
         ACT=act, EVEN_K=hdim % cfg.BLOCK_K == 0, DOT_PREC=dot_precision(x.dtype),
         BLOCK_M=cfg.BLOCK_M, BLOCK_N=cfg.BLOCK_N, BLOCK_K=cfg.BLOCK_K, GROUP_M=cfg.GROUP_M,
-        PDL=pdl, TRIGGER_AT_START=_pdl.TRIGGER_AT_START if trigger_at_start is None else trigger_at_start,
+        PDL=pdl, TRIGGER_AT_START=_pdl.TRIGGER_AT_START,
         zero_ptr=zero_out, n_zero=zero_out.numel() if zero_out is not None else 0, ZERO=zero_out is not None,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )

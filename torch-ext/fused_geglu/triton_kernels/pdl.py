@@ -20,6 +20,11 @@ replay, µs per MLP for Gemma3-1B / Gemma-2B / Gemma2-9B):
 - prefetching the down weight into L2 before the wait (16 MB: 26.4 / 63.5 / 85.6 with the early trigger;
   4 MB with the late one: 22.5 / 58.4 / 81.9) loses or ties: while the gate+up kernel streams its own
   weights, the prefetched lines leave L2 before they are read, so they are fetched twice. It is not done.
+- reading the down weight into registers before the wait instead (each K slice one 256-1024 wide step,
+  the gate+up kernel letting the down GEMM in at its start; 7771557, `decode-sweep-h200-7771557.json`)
+  tied at best at Gemma3-1B (19.5-20.1 in the pairs against 19.1 for the best plain configs, shipped
+  19.6) and lost 13-21 us at Gemma-2B and Gemma2-9B, where hundreds to thousands of down programs
+  admitted early hold SM slots the gate+up kernel needs. It is not done either.
 
 `FUSED_GEGLU_PDL=0` turns it off (for measuring); it is off on CPU tensors (the interpreter has neither
 instruction) and before sm90.
