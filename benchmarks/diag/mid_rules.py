@@ -3,7 +3,9 @@
     python benchmarks/diag/mid_rules.py benchmarks/results/kernel-probe-grid-h200-*.json [more.json ...]
 
 Reads the graph-replay rows (GPU time of one whole inference call: ``sm90 <launch>`` against
-``cublas+pointwise``), pools several files by taking each case's median, and prints per shape and M
+``cublas+pointwise``), pools several files by each case's median ratio to cuBLAS + pointwise in its own
+file (``--worst``: its largest, so a launch holds a point only where it held it in every run), and
+prints per shape and M
 the fastest launch and its time relative to cuBLAS + pointwise. Then, per shape, it grows bands of
 consecutive measured M over which one launch stays within ``--margin`` of cuBLAS + pointwise at
 every point (the launch with the best worst-case ratio), and prints them as rules: a size between
@@ -24,8 +26,9 @@ from collections import defaultdict
 H_RANGE = {"gemma3-1b": (1152, 1535), "gemma-2b": (1536, 2048), "gemma2-9b": (2049, 4096)}
 
 
-def load(paths: list[str], lo: int, hi: int) -> dict:
-    """{shape: {M: {impl: median us}}} of the graph rows with lo <= M <= hi."""
+def load(paths: list[str], lo: int, hi: int, pool=statistics.median) -> dict:
+    """{shape: {M: {impl: pooled us}}} of the graph rows with lo <= M <= hi (``pool``: how the
+    files' values of one case combine; median by default)."""
     samples: dict = defaultdict(lambda: defaultdict(lambda: defaultdict(list)))
     for path in paths:
         for r in json.load(open(path))["rows"]:
@@ -33,8 +36,23 @@ def load(paths: list[str], lo: int, hi: int) -> dict:
                 impl = r["impl"]
                 if impl == "cublas+pointwise" or impl.startswith("sm90 "):
                     samples[r["shape"]][r["M"]][impl.removeprefix("sm90 ")].append(r["us"])
-    return {s: {m: {i: statistics.median(v) for i, v in d.items()} for m, d in ms.items()}
+    return {s: {m: {i: pool(v) for i, v in d.items()} for m, d in ms.items()}
             for s, ms in samples.items()}
+
+
+def load_ratios(paths: list[str], lo: int, hi: int, worst: bool) -> dict:
+    """As :func:`load`, each launch as its time over cuBLAS + pointwise's in the same file; with
+    ``worst`` a case takes its largest ratio over the files (a launch holds a point only if it held
+    it in every run that measured it), else the median."""
+    ratios: dict = defaultdict(lambda: defaultdict(lambda: defaultdict(list)))
+    for path in paths:
+        per = load([path], lo, hi)
+        for s, ms in per.items():
+            for m, d in ms.items():
+                for i, t in d.items():
+                    ratios[s][m][i].append(t / d["cublas+pointwise"])
+    pool = max if worst else statistics.median
+    return {s: {m: {i: pool(v) for i, v in d.items()} for m, d in ms.items()} for s, ms in ratios.items()}
 
 
 def bands(per_m: dict, margin: float) -> list[tuple[int, int, str, float]]:
@@ -75,14 +93,16 @@ def main() -> None:
     p.add_argument("--max-m", type=int, default=1023)
     p.add_argument("--margin", type=float, default=1.0,
                    help="a launch holds a band if its time / cuBLAS + pointwise stays at or under this")
+    p.add_argument("--worst", action="store_true",
+                   help="pool the files by each case's worst ratio (a launch must hold a point in every run)")
     args = p.parse_args()
-    data = load(args.files, args.min_m, args.max_m)
+    data = load_ratios(args.files, args.min_m, args.max_m, args.worst)  # cuBLAS + pointwise = 1
     for shape, per_m in data.items():
         print(f"== {shape}")
         for m in sorted(per_m):
             cub = per_m[m]["cublas+pointwise"]
             ranked = sorted((t, ln) for ln, t in per_m[m].items() if ln != "cublas+pointwise")
-            print(f"  M={m:5d} cuBLAS+pw {cub:7.1f} us | " +
+            print(f"  M={m:5d} cuBLAS+pw {cub:5.3f}    | " +
                   " ".join(f"{ln} {t / cub:.3f}" for t, ln in ranked[:4]))
         ms = sorted(per_m)
         for first, last, ln, worst in bands(per_m, args.margin):
