@@ -10,8 +10,10 @@ the fastest launch and its time relative to cuBLAS + pointwise. Then, per shape,
 consecutive measured M over which one launch stays within ``--margin`` of cuBLAS + pointwise at
 every point (the launch with the best worst-case ratio), and prints them as rules: a size between
 two measured points belongs to the band of both, otherwise the band ends halfway. Where no launch
-holds, the band is ``no`` (cuBLAS + pointwise). It proposes; policy_sm90.json is edited by hand,
-citing the files.
+holds, the band is ``no`` (cuBLAS + pointwise). ``--step 128`` instead ends every band at a multiple of
+128 (a 128-row tile's time is flat between them; see ``step_bands``), which is how the rules since
+ddfd9b5 were drawn (``--worst --step 128`` over the five probe files policy_sm90.json cites). It
+proposes; policy_sm90.json is edited by hand (or by a script), citing the files.
 """
 
 from __future__ import annotations
@@ -86,6 +88,35 @@ def bands(per_m: dict, margin: float) -> list[tuple[int, int, str, float]]:
     return merged
 
 
+def step_bands(per_m: dict, margin: float, step: int) -> list[tuple[int, int, str, float]]:
+    """Bands that never cross a multiple of ``step`` (the CUTLASS tiles' row count). A 128-row tile
+    launch does the same work for every M in (step * (k - 1), step * k] (the rows past M are TMA
+    zero fill), so its time is flat there while cuBLAS + pointwise's grows with M: within each such
+    interval a launch holds from the lowest measured M at and above which it held every measured
+    point up to the interval's top. Below that, and in intervals whose top it loses, ``no``."""
+    out = []
+    for k in sorted({(m - 1) // step for m in per_m}):
+        pts = sorted(m for m in per_m if (m - 1) // step == k)
+        best = None
+        for i in range(len(pts)):  # the longest suffix of the interval's points one launch holds
+            span = pts[i:]
+            launches = set.intersection(*(set(per_m[m]) - {"cublas+pointwise"} for m in span))
+            worst = {ln: max(per_m[m][ln] / per_m[m]["cublas+pointwise"] for m in span) for ln in launches}
+            ok = {ln: w for ln, w in worst.items() if w <= margin}
+            if ok:
+                ln = min(ok, key=ok.get)
+                best = (pts[i], ln, ok[ln])
+                break
+        top = min(step * (k + 1), pts[-1] if pts[-1] % step else step * (k + 1))
+        if best is None:
+            out.append((step * k + 1, top, "no", 1.0))
+        else:
+            if best[0] > step * k + 1:
+                out.append((step * k + 1, best[0] - 1, "no", 1.0))
+            out.append((best[0], top, best[1], best[2]))
+    return out
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("files", nargs="+")
@@ -95,6 +126,8 @@ def main() -> None:
                    help="a launch holds a band if its time / cuBLAS + pointwise stays at or under this")
     p.add_argument("--worst", action="store_true",
                    help="pool the files by each case's worst ratio (a launch must hold a point in every run)")
+    p.add_argument("--step", type=int, default=0,
+                   help="bands end at multiples of this (128: the tiles' rows; see step_bands); 0: halfway rule")
     args = p.parse_args()
     data = load_ratios(args.files, args.min_m, args.max_m, args.worst)  # cuBLAS + pointwise = 1
     for shape, per_m in data.items():
@@ -104,6 +137,13 @@ def main() -> None:
             ranked = sorted((t, ln) for ln, t in per_m[m].items() if ln != "cublas+pointwise")
             print(f"  M={m:5d} cuBLAS+pw {cub:5.3f}    | " +
                   " ".join(f"{ln} {t / cub:.3f}" for t, ln in ranked[:4]))
+        if args.step:
+            h_lo, h_hi = H_RANGE.get(shape, (0, 0))
+            for lo, hi, ln, worst in step_bands(per_m, args.margin, args.step):
+                if ln != "no":
+                    print(f"  rule: min_m {max(lo, args.min_m)} max_m {min(hi, args.max_m)} min_h {h_lo} max_h {h_hi}"
+                          f" -> {ln} (worst {worst:.3f} of cuBLAS + pointwise at the measured M in it)")
+            continue
         ms = sorted(per_m)
         for first, last, ln, worst in bands(per_m, args.margin):
             i, j = ms.index(first), ms.index(last)
