@@ -101,6 +101,8 @@ def test_policy_file_is_plain_json(policy):
     # elsewhere; Gemma3-1B widths without graphs (host-bound) take a one-call CUTLASS launch to M = 704
     ("geglu_mlp_sm90", dict(m=65, h=1152, capturing=1), "128x128/s1"),
     ("geglu_mlp_sm90", dict(m=65, h=2048, capturing=1), "no"),
+    ("geglu_mlp_sm90", dict(m=65, h=2048, capturing=0), "128x128/s1"),
+    ("geglu_mlp_sm90", dict(m=65, h=3584, capturing=0), "no"),
     ("geglu_mlp_sm90", dict(m=80, h=2048, capturing=1), "128x128/s1"),
     ("geglu_mlp_sm90", dict(m=95, h=3584, capturing=0), "no"),
     ("geglu_mlp_sm90", dict(m=128, h=3584, capturing=0), "128x128/s1"),
