@@ -1,9 +1,11 @@
 """What the diagnosis scripts share: the benchmark shapes, the eager MLP, loading the kernel the way
-users do, and per-kernel GPU time from torch.profiler."""
+users do, per-kernel GPU time from torch.profiler, the copy bandwidth and a call's host time."""
 
 from __future__ import annotations
 
 import os
+import statistics
+import time
 
 import torch
 import torch.nn.functional as F
@@ -38,3 +40,32 @@ def kernel_times(fn, steps: int, warmup: int = 3) -> dict[str, float]:
         if t > 0:
             per_kernel[evt.key] = per_kernel.get(evt.key, 0.0) + t / steps
     return per_kernel
+
+
+def copy_gbs(device: torch.device) -> float:
+    """Device-to-device copy rate (GB/s, read + write) of 256 MB, 20 copies after 3 warm-ups: the
+    weight-read floors of the decode scripts are the weights' bytes at this rate."""
+    src = torch.empty(1 << 28, dtype=torch.uint8, device=device)
+    dst = torch.empty_like(src)
+    for _ in range(3):
+        dst.copy_(src)
+    e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    e0.record()
+    for _ in range(20):
+        dst.copy_(src)
+    e1.record()
+    torch.cuda.synchronize()
+    return 2 * src.numel() * 20 / (e0.elapsed_time(e1) * 1e-3) / 1e9
+
+
+def host_us(fn, n: int = 50) -> float:
+    """Median CPU time of one call of ``fn`` while the GPU is kept busy (launches are asynchronous,
+    so this is the Python + dispatch + launch cost alone)."""
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(n):
+        t0 = time.perf_counter()
+        fn()
+        times.append((time.perf_counter() - t0) * 1e6)
+    torch.cuda.synchronize()
+    return statistics.median(times)

@@ -26,7 +26,7 @@ import sys
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _diag import SHAPES, eager_mlp, kernel_times, load_kernel  # noqa: E402
+from _diag import SHAPES, copy_gbs, eager_mlp, kernel_times, load_kernel  # noqa: E402
 
 L2_BYTES = 60 << 20
 # name: (FUSED_GEGLU_PDL, pdl.TRIGGER_AT_START, split-K slices summed in the down GEMM)
@@ -116,18 +116,7 @@ def main() -> None:
     variants = args.variants.split(",")
     torch.manual_seed(0)
     # copy bandwidth: the floor is the three weights read once at this rate
-    src = torch.empty(1 << 28, dtype=torch.uint8, device=dev)
-    dst = torch.empty_like(src)
-    for _ in range(3):
-        dst.copy_(src)
-    e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    e0.record()
-    for _ in range(20):
-        dst.copy_(src)
-    e1.record()
-    torch.cuda.synchronize()
-    copy_gbs = 2 * src.numel() * 20 / (e0.elapsed_time(e1) * 1e-3) / 1e9
-    del src, dst
+    copy_rate = copy_gbs(dev)
     results = {}
     for name, (h, i) in SHAPES.items():
         per_set = 3 * h * i * 2
@@ -156,7 +145,7 @@ def main() -> None:
             order = list(graphs) if r % 2 == 0 else list(reversed(graphs))
             for v in order:
                 times[v] += [t / n for t in time_replays(graphs[v], args.reps)]
-        floor = per_set / (copy_gbs * 1e9) * 1e6
+        floor = per_set / (copy_rate * 1e9) * 1e6
         row = {"H": h, "I": i, "tokens": args.tokens, "n_sets": n, "floor_us": floor,
                "same_bits_as": base, "same_bits": same, "max_abs_diff": maxdiff,
                "median_us": {v: statistics.median(t) for v, t in times.items()},
@@ -174,7 +163,7 @@ def main() -> None:
         torch.cuda.empty_cache()
     env = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
            "cuda": torch.version.cuda, "triton": importlib.import_module("triton").__version__,
-           "commit": os.environ.get("FUSED_GEGLU_COMMIT", ""), "copy_gbs": copy_gbs,
+           "commit": os.environ.get("FUSED_GEGLU_COMMIT", ""), "copy_gbs": copy_rate,
            "variants": {v: VARIANTS.get(v) or CONFIG_VARIANTS[v] for v in variants}}
     try:
         env["driver"] = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],

@@ -23,7 +23,6 @@ configs_sm90.json "tuned" entry). Not the product benchmark (benchmarks/compare.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import importlib
 import itertools
 import json
@@ -35,7 +34,7 @@ import sys
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _diag import SHAPES, eager_mlp, load_kernel  # noqa: E402
+from _diag import SHAPES, copy_gbs, eager_mlp, load_kernel  # noqa: E402
 from decode_pdl import L2_BYTES, graph_of, time_replays  # noqa: E402
 
 SMEM_LIMIT = 220 * 1024  # below sm90's 227 KB opt-in, leaving room for Triton's own scratch
@@ -100,18 +99,7 @@ def main() -> None:
     cfgmod = importlib.import_module(k.__name__ + ".triton_kernels.configs")
     dev, dt = torch.device("cuda"), torch.bfloat16
     torch.manual_seed(0)
-    src = torch.empty(1 << 28, dtype=torch.uint8, device=dev)
-    dst = torch.empty_like(src)
-    for _ in range(3):
-        dst.copy_(src)
-    e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    e0.record()
-    for _ in range(20):
-        dst.copy_(src)
-    e1.record()
-    torch.cuda.synchronize()
-    copy_gbs = 2 * src.numel() * 20 / (e0.elapsed_time(e1) * 1e-3) / 1e9
-    del src, dst
+    copy_rate = copy_gbs(dev)
 
     def mlp(x, wg, wu, wd):
         return k.geglu_mlp(x, wg, wu, wd, backend="triton")
@@ -199,7 +187,7 @@ def main() -> None:
                              "max_abs_diff_vs_shipped": None}
         pairs = timed(pairs_in, args.rounds)
         win = min((v["median_us"], lab) for lab, v in pairs.items() if lab != "eager")[1]
-        floor = per_set / (copy_gbs * 1e9) * 1e6
+        floor = per_set / (copy_rate * 1e9) * 1e6
         results[shape] = {
             "H": h, "I": i, "tokens": args.tokens, "n_sets": n, "floor_us": floor, "eager_rel_err": eager_err,
             "shipped": shipped, "candidates": {kk: len(v) for kk, v in cands.items()},
@@ -217,7 +205,7 @@ def main() -> None:
         torch.cuda.empty_cache()
     env = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "cuda": torch.version.cuda,
            "triton": importlib.import_module("triton").__version__,
-           "commit": os.environ.get("FUSED_GEGLU_COMMIT", ""), "copy_gbs": copy_gbs, "args": vars(args)}
+           "commit": os.environ.get("FUSED_GEGLU_COMMIT", ""), "copy_gbs": copy_rate, "args": vars(args)}
     try:
         env["driver"] = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
                                        capture_output=True, text=True, timeout=20).stdout.strip()

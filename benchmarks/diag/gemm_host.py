@@ -17,26 +17,14 @@ import json
 import os
 import statistics
 import sys
-import time
 
 import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _diag import SHAPES, kernel_times, load_kernel  # noqa: E402
+from _diag import SHAPES, host_us, kernel_times, load_kernel  # noqa: E402
 
 L2_BYTES = 60 << 20
-
-
-def host_us(fn, n: int = 100) -> float:
-    torch.cuda.synchronize()
-    ts = []
-    for _ in range(n):
-        t0 = time.perf_counter()
-        fn()
-        ts.append((time.perf_counter() - t0) * 1e6)
-    torch.cuda.synchronize()
-    return statistics.median(ts)
 
 
 def main() -> None:
@@ -70,7 +58,7 @@ def main() -> None:
                     y = out if y is None else y
                     torch.cuda.synchronize()
                     row["rel_err"][name] = ((y.double() - ref).abs().max() / ref.abs().max()).item()
-                    row["host_us"][name] = host_us(lambda: f(ws[0]))
+                    row["host_us"][name] = host_us(lambda: f(ws[0]), 100)
                     row["kernels"][name] = sorted(kernel_times(lambda: f(ws[0]), steps=5))
                 graphs = {}
                 for name, f in provs.items():

@@ -26,22 +26,10 @@ import argparse
 import json
 import os
 import statistics
-import time
 from pathlib import Path
 
 import torch
-from _diag import SHAPES, eager_mlp, kernel_times, load_kernel
-
-def _host_us(fn, n: int = 50) -> float:
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(n):
-        t0 = time.perf_counter()
-        fn()
-        times.append((time.perf_counter() - t0) * 1e6)
-    torch.cuda.synchronize()
-    return statistics.median(times)
-
+from _diag import SHAPES, eager_mlp, host_us as _host_us, kernel_times, load_kernel
 
 def _span_us(fn, n: int = 50) -> float:
     ev = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(n)]
