@@ -1,10 +1,13 @@
 """What the diagnosis scripts share: the benchmark shapes, the eager MLP, loading the kernel the way
-users do, per-kernel GPU time from torch.profiler, the copy bandwidth and a call's host time."""
+users do, per-kernel GPU time from torch.profiler, the copy bandwidth, a call's host time, and the environment
+recorded with the results."""
 
 from __future__ import annotations
 
+import importlib
 import os
 import statistics
+import subprocess
 import time
 
 import torch
@@ -69,3 +72,15 @@ def host_us(fn, n: int = 50) -> float:
         times.append((time.perf_counter() - t0) * 1e6)
     torch.cuda.synchronize()
     return statistics.median(times)
+
+
+def environment() -> dict:
+    """Where the numbers came from: device, driver, versions, the commit the build was made from."""
+    try:
+        driver = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                                capture_output=True, text=True, timeout=20).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        driver = None
+    return {"device": torch.cuda.get_device_name(), "driver": driver, "torch": torch.__version__,
+            "cuda": torch.version.cuda, "triton": importlib.import_module("triton").__version__,
+            "commit": os.environ.get("FUSED_GEGLU_COMMIT", "")}

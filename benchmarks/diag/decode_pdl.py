@@ -20,13 +20,12 @@ import importlib
 import json
 import os
 import statistics
-import subprocess
 import sys
 
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _diag import SHAPES, copy_gbs, eager_mlp, kernel_times, load_kernel  # noqa: E402
+from _diag import SHAPES, copy_gbs, eager_mlp, environment, kernel_times, load_kernel  # noqa: E402
 
 L2_BYTES = 60 << 20
 # name: (FUSED_GEGLU_PDL, pdl.TRIGGER_AT_START, split-K slices summed in the down GEMM)
@@ -161,15 +160,8 @@ def main() -> None:
               flush=True)
         del graphs, outs, sets
         torch.cuda.empty_cache()
-    env = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
-           "cuda": torch.version.cuda, "triton": importlib.import_module("triton").__version__,
-           "commit": os.environ.get("FUSED_GEGLU_COMMIT", ""), "copy_gbs": copy_rate,
+    env = {**environment(), "copy_gbs": copy_rate,
            "variants": {v: VARIANTS.get(v) or CONFIG_VARIANTS[v] for v in variants}}
-    try:
-        env["driver"] = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
-                                       capture_output=True, text=True, timeout=20).stdout.strip()
-    except (OSError, subprocess.SubprocessError):
-        env["driver"] = None
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, "decode-pdl.json"), "w") as f:
         json.dump({"env": env, "rows": results}, f, indent=1)

@@ -28,13 +28,12 @@ import itertools
 import json
 import os
 import statistics
-import subprocess
 import sys
 
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _diag import SHAPES, copy_gbs, eager_mlp, load_kernel  # noqa: E402
+from _diag import SHAPES, copy_gbs, eager_mlp, environment, load_kernel  # noqa: E402
 from decode_pdl import L2_BYTES, graph_of, time_replays  # noqa: E402
 
 SMEM_LIMIT = 220 * 1024  # below sm90's 227 KB opt-in, leaving room for Triton's own scratch
@@ -203,14 +202,7 @@ def main() -> None:
             print(f"   {v['median_us']:7.2f}  err {v['rel_err']:.2e}  {lab}")
         del graphs, pairs_in, sets, refs
         torch.cuda.empty_cache()
-    env = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "cuda": torch.version.cuda,
-           "triton": importlib.import_module("triton").__version__,
-           "commit": os.environ.get("FUSED_GEGLU_COMMIT", ""), "copy_gbs": copy_rate, "args": vars(args)}
-    try:
-        env["driver"] = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
-                                       capture_output=True, text=True, timeout=20).stdout.strip()
-    except (OSError, subprocess.SubprocessError):
-        env["driver"] = None
+    env = {**environment(), "copy_gbs": copy_rate, "args": vars(args)}
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, "decode-sweep.json"), "w") as f:
         json.dump({"env": env, "rows": results}, f, indent=1)

@@ -12,7 +12,6 @@ L2 (so weights come from DRAM), median per call over 5 interleaved rounds; kerne
 from __future__ import annotations
 
 import argparse
-import importlib
 import json
 import os
 import statistics
@@ -22,7 +21,7 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _diag import SHAPES, host_us, kernel_times, load_kernel  # noqa: E402
+from _diag import SHAPES, environment, host_us, kernel_times, load_kernel  # noqa: E402
 
 L2_BYTES = 60 << 20
 
@@ -89,9 +88,7 @@ def main() -> None:
                       + " | gpu " + " ".join(f"{a}={b:.1f}" for a, b in row["gpu_us"].items()), flush=True)
             del ws
             torch.cuda.empty_cache()
-    env = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "cuda": torch.version.cuda,
-           "triton": importlib.import_module("triton").__version__,
-           "commit": os.environ.get("FUSED_GEGLU_COMMIT", "")}
+    env = environment()
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, "gemm-host.json"), "w") as f:
         json.dump({"env": env, "rows": rows}, f, indent=1)

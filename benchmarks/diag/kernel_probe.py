@@ -28,13 +28,16 @@ import json
 import os
 import pstats
 import statistics
-import subprocess
 import time
+
+import sys
 
 import torch
 import torch.nn.functional as F
 
-SHAPES = {"gemma3-1b": (1152, 6912), "gemma-2b": (2048, 16384), "gemma2-9b": (3584, 14336)}
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _diag import SHAPES, environment  # noqa: E402
+
 L2_BYTES = 60 << 20
 
 
@@ -548,18 +551,6 @@ def decode(k, ops, rows: list, rounds: int = 3) -> None:
             del xs, hs
         del ws
         torch.cuda.empty_cache()
-
-
-def environment() -> dict:
-    """Where the numbers came from: device, driver, versions, the commit the build was made from."""
-    try:
-        driver = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
-                                capture_output=True, text=True, timeout=20).stdout.strip()
-    except (OSError, subprocess.SubprocessError):
-        driver = None
-    return {"device": torch.cuda.get_device_name(), "driver": driver, "torch": torch.__version__,
-            "cuda": torch.version.cuda, "triton": importlib.import_module("triton").__version__,
-            "commit": os.environ.get("FUSED_GEGLU_COMMIT", "")}
 
 
 def main() -> None:
