@@ -24,20 +24,20 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from . import _checks, _dispatch
+from . import _checks, _dispatch, policy
 from . import geglu as _geglu
 from . import sm90_weights
 from ._ops import ops
 from ._opdef import _tracing, custom_op
 from ._views import rows
-from .policy import mlp_backend_for, sm90_dh_launch, sm90_mlp_launch
+from .policy import mlp_backend_for, sm90_dh_launch
 
 
-def _pick(device: torch.device, backend: str, m: int, h: int, i: int) -> str:
+def _pick(device: torch.device, backend: str, m: int, h: int, i: int, capturing: int | None = None) -> str:
     """``backend`` is already resolved by ``_dispatch.requested``."""
     if backend == "auto":
         if device.type == "cuda":
-            choice = mlp_backend_for(m, h, i, device)  # measured: policy_sm90.json
+            choice = mlp_backend_for(m, h, i, device, capturing)  # measured: policy_sm90.json
             if _dispatch.has_backend(device, choice):
                 return choice
             return "triton" if _dispatch.has_backend(device, "triton") else "torch"
@@ -76,7 +76,9 @@ def _forward(x, w_gate, w_up, w_down, b_gate, b_up, b_down, approximate: str, sa
     m, (i, h) = x2.shape[0], w_gate.shape
     auto = backend == "auto"
     device = x.device
-    backend = _pick(device, backend, m, h, i)
+    # Both rules below depend on graph capture: one driver query per call serves them.
+    capturing = policy.capturing(device) if auto else None
+    backend = _pick(device, backend, m, h, i, capturing)
     gate = up = None
     if m == 0:
         y = x2.new_empty((0, h))
@@ -97,7 +99,7 @@ def _forward(x, w_gate, w_up, w_down, b_gate, b_up, b_down, approximate: str, sa
         tk_linear.linear_fwd(y, hid, w_down, b_down, "none", None, tile_counters=counters)
     elif backend == "cuda" and _dispatch.compiled_has("geglu_gateup_sm90", "cuda") \
             and sm90_weights.usable(x2, w_gate, w_up) \
-            and ((launch := sm90_mlp_launch(m, h, device, save_preact)) is not None or not auto):
+            and ((launch := policy.sm90_mlp_launch(m, h, device, save_preact, capturing)) is not None or not auto):
         # Hopper: CUTLASS gate+up GEMM with the GeGLU epilogue (the tile and tile order the policy
         # measured best at this size, or the op's own heuristic where a forced backend runs it
         # outside the policy's sizes), then cuBLAS down. Training also takes gate/up from it.

@@ -64,14 +64,23 @@ def backend_for(op: str, device: torch.device, fallback: str, **sizes: int) -> s
     return choice
 
 
-def mlp_backend_for(m: int, h: int, i: int, device: torch.device | None = None) -> str:
+def capturing(device: torch.device) -> int:
+    """1 while the current CUDA stream is being captured into a graph, else 0. A caller that asks
+    several rules during one call asks this once and passes it on (it is a driver query)."""
+    return int(device.type == "cuda" and torch.cuda.is_current_stream_capturing())
+
+
+def mlp_backend_for(m: int, h: int, i: int, device: torch.device | None = None,
+                    capturing_now: int | None = None) -> str:
     """"triton" (fused kernels) or "cuda" (sm90 CUTLASS / cuBLAS + compiled pointwise)."""
     device = device or torch.device("cuda", torch.cuda.current_device())
-    capturing = int(device.type == "cuda" and torch.cuda.is_current_stream_capturing())
-    return backend_for("geglu_mlp", device, "triton", m=m, h=h, capturing=capturing)
+    if capturing_now is None:
+        capturing_now = capturing(device)
+    return backend_for("geglu_mlp", device, "triton", m=m, h=h, capturing=capturing_now)
 
 
-def sm90_mlp_launch(m: int, h: int, device: torch.device, training: bool = False) -> str | None:
+def sm90_mlp_launch(m: int, h: int, device: torch.device, training: bool = False,
+                    capturing_now: int | None = None) -> str | None:
     """The CUTLASS gate+up GEMM's launch (``"<tile>/s<swizzle>[m|n]"``, e.g. ``"128x128pp/s1"``)
     where it beat cuBLAS + the pointwise kernel at this size on this GPU, else None: the inference
     forward (``geglu_mlp_sm90``), or the training step (``geglu_mlp_sm90_train``: the epilogue
@@ -80,7 +89,7 @@ def sm90_mlp_launch(m: int, h: int, device: torch.device, training: bool = False
     at a GPU-time tie. ``$FUSED_GEGLU_SM90_MLP`` overrides both for measuring: a launch, or ``no``."""
     choice = os.environ.get("FUSED_GEGLU_SM90_MLP") or backend_for(
         "geglu_mlp_sm90_train" if training else "geglu_mlp_sm90", device, "no", m=m, h=h,
-        capturing=int(torch.cuda.is_current_stream_capturing()))
+        capturing=capturing(device) if capturing_now is None else capturing_now)
     return None if choice == "no" else choice
 
 
