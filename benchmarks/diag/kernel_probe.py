@@ -277,19 +277,24 @@ def mlpfwd(k, ops, rows: list, rounds: int = 3) -> None:
 DH_LAUNCHES = ("0", "s1", "s4", "s8")  # $FUSED_GEGLU_SM90_DH: 0 = cuBLAS dh + pointwise
 # Training forwards through the CUTLASS gate+up GEMM ($FUSED_GEGLU_SM90_MLP), dh as cuBLAS + pointwise.
 TRAIN_FWD_LAUNCHES = ("128x128pp/s1", "128x128pp/s4", "128x128pp/s8", "128x192pp/s1", "128x256/s8")
+# --train-tokens / --train-launches; --train-lean times only ours (cuBLAS + pointwise forward and each
+# CUTLASS launch, dh as cuBLAS + pointwise): for a fine M grid, where compile would recompile per M.
+TRAIN_OPTS = {"tokens": [1024, 8192], "launches": TRAIN_FWD_LAUNCHES, "lean": False}
 
 
 def mlptrain(k, ops, rows: list, rounds: int = 3) -> None:
     """Training step (forward + backward, bf16, tanh) of the whole MLP at M = 1024 and 8192: ours
     with the backward's dh GEMM as cuBLAS + the in-place pointwise kernel ("dh 0") or as the sm90
     GEMM with the GeGLU-backward epilogue at each tile order, against compile and eager, in
-    interleaved rounds. Also checks every gradient of each dh variant against eager's."""
+    interleaved rounds. Also checks every gradient of each dh variant against eager's (TRAIN_OPTS:
+    the M values and forward launches, or lean: ours' forwards only, each checked against eager)."""
     dt = torch.bfloat16
+    lean = TRAIN_OPTS["lean"]
     for name, (h, i) in SHAPES.items():
         mod = EagerMLP(h, i).to("cuda", dt)
         comp = torch.compile(mod, dynamic=False)
         wts = (mod.gate_proj.weight, mod.up_proj.weight, mod.down_proj.weight)
-        for m in (1024, 8192):
+        for m in TRAIN_OPTS["tokens"]:
             sets = n_sets(m * h * 2 * 2 + 5 * m * i * 2)
             xs = [torch.randn(m, h, device="cuda", dtype=dt) for _ in range(sets)]
             dys = [torch.randn(m, h, device="cuda", dtype=dt) for _ in range(sets)]
@@ -307,14 +312,14 @@ def mlptrain(k, ops, rows: list, rounds: int = 3) -> None:
             def ours(x):
                 return k.geglu_mlp(x, *wts, approximate="tanh")
 
-            cases = {"eager": lambda j: step(j, mod), "compile": lambda j: step(j, comp)}
+            cases = {} if lean else {"eager": lambda j: step(j, mod), "compile": lambda j: step(j, comp)}
 
             def fwd_cublas(j):  # the forward as cuBLAS gate/up + the pointwise kernel
                 os.environ["FUSED_GEGLU_SM90_MLP"] = "no"
                 step(j, ours)
                 os.environ.pop("FUSED_GEGLU_SM90_MLP", None)
             cases["ours fwd cublas+pointwise, dh 0"] = fwd_cublas
-            for launch in TRAIN_FWD_LAUNCHES:
+            for launch in TRAIN_OPTS["launches"]:
                 def fwd_sm90(j, launch=launch):
                     os.environ["FUSED_GEGLU_SM90_MLP"] = launch
                     os.environ["FUSED_GEGLU_SM90_DH"] = "0"
@@ -322,7 +327,7 @@ def mlptrain(k, ops, rows: list, rounds: int = 3) -> None:
                     os.environ.pop("FUSED_GEGLU_SM90_MLP", None)
                     os.environ.pop("FUSED_GEGLU_SM90_DH", None)
                 cases[f"ours fwd {launch}, dh 0"] = fwd_sm90
-            for launch in DH_LAUNCHES:
+            for launch in () if lean else DH_LAUNCHES:
                 def run(j, launch=launch):
                     os.environ["FUSED_GEGLU_SM90_DH"] = launch
                     step(j, ours)
@@ -331,17 +336,22 @@ def mlptrain(k, ops, rows: list, rounds: int = 3) -> None:
             x = xs[0].detach().requires_grad_()
             mod(x).backward(dys[0])
             ref = [x.grad.float()] + [p.grad.float() for p in mod.parameters()]
-            for launch in DH_LAUNCHES:
+            checks = ({f"fwd {launch}": {"FUSED_GEGLU_SM90_MLP": launch, "FUSED_GEGLU_SM90_DH": "0"}
+                       for launch in ("no", *TRAIN_OPTS["launches"])} if lean
+                      else {f"dh {launch}": {"FUSED_GEGLU_SM90_DH": launch} for launch in DH_LAUNCHES})
+            for label, env in checks.items():
                 for p in mod.parameters():
                     p.grad = None
                 x = xs[0].detach().requires_grad_()
-                os.environ["FUSED_GEGLU_SM90_DH"] = launch
+                os.environ.update(env)
                 ours(x).backward(dys[0])
-                os.environ.pop("FUSED_GEGLU_SM90_DH", None)
+                forward_path = k.last_backend("geglu_mlp")
+                for var in env:
+                    os.environ.pop(var)
                 got = [x.grad.float()] + [p.grad.float() for p in mod.parameters()]
                 errs = [float((g - r).norm() / r.norm()) for g, r in zip(got, ref)]
-                rows.append({"section": "mlptrain", "shape": name, "M": m, "impl": f"check ours dh {launch}",
-                             "rel_err": max(errs), "rel_err_vs_eager": errs,
+                rows.append({"section": "mlptrain", "shape": name, "M": m, "impl": f"check ours {label}",
+                             "rel_err": max(errs), "rel_err_vs_eager": errs, "forward": forward_path,
                              "backward": k.last_backend("geglu_mlp_backward")})
             for p in mod.parameters():
                 p.grad = None
@@ -562,6 +572,10 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=3, help="interleaved rounds of the decode section")
     p.add_argument("--launches", default=None,
                    help="comma list of gate+up launches the decode section times above M = 64 (default: MID_LAUNCHES)")
+    p.add_argument("--train-tokens", default="1024,8192", help="M values of the mlptrain section")
+    p.add_argument("--train-launches", default=None, help="comma list of CUTLASS forward launches mlptrain times")
+    p.add_argument("--train-lean", action="store_true",
+                   help="mlptrain: ours only (no eager, compile or sm90 dh variants), for a fine M grid")
     p.add_argument("--graph-only", action="store_true",
                    help="decode section: only the whole call replayed from graphs (no host-timed rounds, no gate+up alone)")
     args = p.parse_args()
@@ -569,6 +583,10 @@ def main() -> None:
     if args.launches:
         DECODE_OPTS["launches"] = tuple(args.launches.split(","))
     DECODE_TOKENS[:] = [int(v) for v in args.decode_tokens.split(",")]
+    TRAIN_OPTS["tokens"] = [int(v) for v in args.train_tokens.split(",")]
+    TRAIN_OPTS["lean"] = args.train_lean
+    if args.train_launches:
+        TRAIN_OPTS["launches"] = tuple(args.train_launches.split(","))
     for name in set(SHAPES) - set(args.shapes.split(",")):
         del SHAPES[name]
     torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction = True
