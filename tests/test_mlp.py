@@ -386,13 +386,14 @@ def test_geglu_mlp_auto_under_graph_capture(kernel, device, m, expected):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("captured", [False, True], ids=["eager", "graph"])
-@pytest.mark.parametrize("m", [97, 129, 200, 256, 257, 300, 480, 640, 800, 1023])
+@pytest.mark.parametrize("m", [97, 129, 200, 256, 257, 300, 480, 640, 800, 1023, 1024, 1025, 1152, 4097, 6144])
 @pytest.mark.parametrize("h", [1152, 2048, 3584])
 def test_geglu_mlp_auto_between_decode_and_prefill(kernel, device, m, h, captured):
-    """Inference at M = 65..1023 (batched decode, chunked prefill), plain and inside CUDA-graph
-    capture: the auto path runs the launch the sm_90 policy names for the size and capture state
-    (a CUTLASS tile, or cuBLAS + pointwise where no tile measured faster), and either way the
-    output matches float64 within bf16's own error."""
+    """Inference at M = 65..1023 (batched decode, chunked prefill) and on both sides of the
+    multiples of 128 and 2048 above it, plain and inside CUDA-graph capture: the auto path runs the
+    launch the sm_90 policy names for the size and capture state (a CUTLASS tile, or cuBLAS +
+    pointwise where no tile measured faster), and either way the output matches float64 within
+    bf16's own error."""
     if torch.cuda.get_device_capability() != (9, 0):
         pytest.skip("the policy measured here is the sm_90 one")
     i = 712  # a multiple of 8 (16-byte TMA rows), not of any tile

@@ -36,9 +36,12 @@ def device_capability(device: torch.device) -> tuple[int, int]:
 
 def first_match(rules, fallback: str, sizes: dict[str, int]) -> str:
     """The backend of the first rule whose ``min_<size>`` / ``max_<size>`` bounds all hold (a bound
-    a rule does not name is open), else ``fallback``."""
+    a rule does not name is open; a rule that bounds a size the caller did not pass does not match,
+    so a caller that forgets a size never gets a launch measured only under that condition), else
+    ``fallback``."""
     for rule in rules:
-        if all(rule.get(f"min_{k}", 0) <= v <= rule.get(f"max_{k}", 1 << 62) for k, v in sizes.items()):
+        if all(rule.get(f"min_{k}", 0) <= v <= rule.get(f"max_{k}", 1 << 62) for k, v in sizes.items()) \
+                and all(key.partition("_")[2] in sizes for key in rule if key.startswith(("min_", "max_"))):
             return rule["backend"]
     return fallback
 
@@ -86,10 +89,13 @@ def sm90_mlp_launch(m: int, h: int, device: torch.device, training: bool = False
     forward (``geglu_mlp_sm90``), or the training step (``geglu_mlp_sm90_train``: the epilogue
     also writes gate and up). Rules may name ``capturing`` (1 inside CUDA-graph capture): without
     graphs a small-width call is bound by host time, where the path with fewer launches wins even
-    at a GPU-time tie. ``$FUSED_GEGLU_SM90_MLP`` overrides both for measuring: a launch, or ``no``."""
+    at a GPU-time tie. Rules may name ``m_align``, the largest power of two dividing M: a tile of R
+    rows does full work for the last partial row block, and a tile order that groups G row blocks
+    (swizzle G) leaves a ragged last group, so some launches win only when M is a multiple of R or of
+    R * G (``min_m_align``). ``$FUSED_GEGLU_SM90_MLP`` overrides both for measuring: a launch, or ``no``."""
     choice = os.environ.get("FUSED_GEGLU_SM90_MLP") or backend_for(
         "geglu_mlp_sm90_train" if training else "geglu_mlp_sm90", device, "no", m=m, h=h,
-        capturing=capturing(device) if capturing_now is None else capturing_now)
+        capturing=capturing(device) if capturing_now is None else capturing_now, m_align=m & -m)
     return None if choice == "no" else choice
 
 
