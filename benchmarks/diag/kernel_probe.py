@@ -36,7 +36,7 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _diag import SHAPES, environment  # noqa: E402
+from _diag import EXTRA_SHAPES, SHAPES, environment  # noqa: E402
 
 L2_BYTES = 60 << 20
 
@@ -567,7 +567,7 @@ def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--out", required=True)
     p.add_argument("--sections", default="pointwise,sm90,mlp,overhead")
-    p.add_argument("--shapes", default=",".join(SHAPES), help="comma list of " + ",".join(SHAPES))
+    p.add_argument("--shapes", default=",".join(SHAPES), help="comma list of " + ",".join({**SHAPES, **EXTRA_SHAPES}))
     p.add_argument("--decode-tokens", default="16,64", help="M values of the decode section (e.g. 16,64,256,512)")
     p.add_argument("--rounds", type=int, default=3, help="interleaved rounds of the decode section")
     p.add_argument("--launches", default=None,
@@ -587,7 +587,12 @@ def main() -> None:
     TRAIN_OPTS["lean"] = args.train_lean
     if args.train_launches:
         TRAIN_OPTS["launches"] = tuple(args.train_launches.split(","))
-    for name in set(SHAPES) - set(args.shapes.split(",")):
+    wanted = args.shapes.split(",")
+    unknown = set(wanted) - set(SHAPES) - set(EXTRA_SHAPES)
+    if unknown:
+        p.error(f"--shapes: unknown {sorted(unknown)}; known: {sorted({**SHAPES, **EXTRA_SHAPES})}")
+    SHAPES.update({name: EXTRA_SHAPES[name] for name in wanted if name in EXTRA_SHAPES})
+    for name in set(SHAPES) - set(wanted):
         del SHAPES[name]
     torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction = True
     k, ops = load()

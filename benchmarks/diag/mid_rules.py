@@ -25,7 +25,7 @@ from collections import defaultdict
 
 # The benchmark shapes' H, and the H range a rule derived from each covers (the ranges of the
 # existing M >= 1024 rules in policy_sm90.json).
-H_RANGE = {"gemma3-1b": (1152, 1535), "gemma-2b": (1536, 2048), "gemma2-9b": (2049, 4096)}
+H_RANGE = {"blog": (768, 1151), "gemma3-1b": (1152, 1535), "gemma-2b": (1536, 2048), "gemma2-9b": (2049, 4096)}
 
 
 def load(paths: list[str], lo: int, hi: int, pool=statistics.median) -> dict:
