@@ -147,9 +147,12 @@ def test_policy_file_is_plain_json(policy):
     ("geglu_mlp_sm90", dict(m=8064, h=3584), "128x192pp/s1"),
     ("geglu_mlp_sm90", dict(m=8192, h=3584), "256x128/s8"),
     ("geglu_mlp_sm90", dict(m=8193, h=3584), "no"),
-    ("geglu_mlp_sm90", dict(m=8192, h=768), "128x256/s1"),
+    ("geglu_mlp_sm90", dict(m=8192, h=768), "128x128pp/s1"),
+    ("geglu_mlp_sm90", dict(m=4097, h=768), "128x128pp/s1"),
+    ("geglu_mlp_sm90", dict(m=2048, h=768), "128x128pp/s1"),
+    ("geglu_mlp_sm90", dict(m=2049, h=768), "no"),
     ("geglu_mlp_sm90", dict(m=8192, h=8192), "no"),
-    ("geglu_mlp_sm90", dict(m=1024, h=768), "no"),
+    ("geglu_mlp_sm90", dict(m=1025, h=768), "no"),
     ("geglu_mlp_sm90_train", dict(m=1024, h=1152), "128x128pp/s1"),
     ("geglu_mlp_sm90_train", dict(m=1024, h=3584), "128x192pp/s1"),
     ("geglu_mlp_sm90_train", dict(m=8192, h=2048), "256x128/s8"),
@@ -245,7 +248,7 @@ def test_sm90_tile_names_follow_the_kernel_enum(kernel):
 _PROBES = [Path(__file__).resolve().parents[1] / "benchmarks" / "results" / f"kernel-probe-{name}.json"
            for name in ("mid-h200-b1c1c59", "mid-h200-935a8f1", "grid-h200-45d9f81", "dense-h200-0bcc164",
                         "step16-h200-ddfd9b5")]
-_GRID_H = {"gemma3-1b": 1152, "gemma-2b": 2048, "gemma2-9b": 3584}
+_GRID_H = {"blog": 768, "gemma3-1b": 1152, "gemma-2b": 2048, "gemma2-9b": 3584}
 
 
 def test_mid_range_rules_never_named_a_launch_that_lost_where_measured(policy, sm90_rules):
@@ -269,7 +272,8 @@ def test_mid_range_rules_never_named_a_launch_that_lost_where_measured(policy, s
 
 
 _LARGE_PROBES = [Path(__file__).resolve().parents[1] / "benchmarks" / "results" / f"kernel-probe-large-h200-{c}.json"
-                 for c in ("15d1064", "d2ee948")]
+                 for c in ("15d1064", "d2ee948")] + \
+    [Path(__file__).resolve().parents[1] / "benchmarks" / "results" / "kernel-probe-blog-h200-33cc843.json"]
 # At M >= 1024 a whole call takes 0.1-4 ms, the probes ran 3-5 rounds, and a 2 % difference is
 # within their spread (the same launch moved by more between the mlpfwd and split probes); below
 # that the mid-range test above asks for no loss at all.
@@ -287,7 +291,7 @@ def test_large_m_rules_never_named_a_launch_that_lost_where_measured(policy, sm9
         for r in json.loads(path.read_text())["rows"]:
             if r.get("section") == "decode" and r.get("mode") == "graph" and "us" in r and r["M"] >= 1024:
                 times.setdefault((r["shape"], r["M"]), {})[r["impl"].removeprefix("sm90 ")] = r["us"]
-        assert len(times) >= 60, path
+        assert len(times) >= 18, path
         for (shape, m), t in sorted(times.items()):
             sizes = {"m": m, "h": _GRID_H[shape], "capturing": 1, "m_align": m & -m}
             launch = policy.first_match(sm90_rules["geglu_mlp_sm90"], "no", sizes)
@@ -296,4 +300,4 @@ def test_large_m_rules_never_named_a_launch_that_lost_where_measured(policy, sm9
                 assert launch in t, f"{path.name} {shape} M={m}: {launch} was not measured"
                 assert t[launch] <= _TIE * t["cublas+pointwise"], \
                     (path.name, shape, m, launch, t[launch], t["cublas+pointwise"])
-    assert checked >= 110, checked
+    assert checked >= 125, checked
