@@ -387,7 +387,7 @@ def test_geglu_mlp_auto_under_graph_capture(kernel, device, m, expected):
 @pytest.mark.gpu
 @pytest.mark.parametrize("captured", [False, True], ids=["eager", "graph"])
 @pytest.mark.parametrize("m", [97, 129, 200, 256, 257, 300, 480, 640, 800, 1023, 1024, 1025, 1152, 4097, 6144])
-@pytest.mark.parametrize("h", [1152, 2048, 3584])
+@pytest.mark.parametrize("h", [768, 1152, 2048, 3584])
 def test_geglu_mlp_auto_between_decode_and_prefill(kernel, device, m, h, captured):
     """Inference at M = 65..1023 (batched decode, chunked prefill) and on both sides of the
     multiples of 128 and 2048 above it, plain and inside CUDA-graph capture: the auto path runs the
