@@ -63,16 +63,17 @@ def copy_gbs(device: torch.device) -> float:
     return 2 * src.numel() * 20 / (e0.elapsed_time(e1) * 1e-3) / 1e9
 
 
-def host_us(fn, n: int = 50) -> float:
+def host_us(fn, n: int = 50, device: torch.device | None = None) -> float:
     """Median CPU time of one call of ``fn`` while the GPU is kept busy (launches are asynchronous,
-    so this is the Python + dispatch + launch cost alone)."""
-    torch.cuda.synchronize()
+    so this is the Python + dispatch + launch cost alone). On a CPU ``device`` it is the whole call."""
+    sync = torch.cuda.synchronize if device is None or device.type == "cuda" else (lambda: None)
+    sync()
     times = []
     for _ in range(n):
         t0 = time.perf_counter()
         fn()
         times.append((time.perf_counter() - t0) * 1e6)
-    torch.cuda.synchronize()
+    sync()
     return statistics.median(times)
 
 

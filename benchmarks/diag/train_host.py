@@ -20,30 +20,17 @@ import io
 import json
 import os
 import pstats
-import statistics
 import sys
-import time
 
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _diag import SHAPES, eager_mlp, environment, kernel_times, load_kernel  # noqa: E402
+from _diag import SHAPES, eager_mlp, environment, host_us, kernel_times, load_kernel  # noqa: E402
 
 
 def _sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize()
-
-
-def _host_us(fn, device: torch.device, n: int = 50) -> float:
-    _sync(device)
-    times = []
-    for _ in range(n):
-        t0 = time.perf_counter()
-        fn()
-        times.append((time.perf_counter() - t0) * 1e6)
-    _sync(device)
-    return statistics.median(times)
 
 
 def main() -> int:
@@ -72,7 +59,7 @@ def main() -> int:
                 for _ in range(10):
                     step()
                 row = {"shape": name, "M": m, "provider": prov,
-                       "host_us_fwd": _host_us(f, device), "host_us_step": _host_us(step, device)}
+                       "host_us_fwd": host_us(f, device=device), "host_us_step": host_us(step, device=device)}
                 if device.type == "cuda":
                     kt = kernel_times(step, 20)
                     row["kernels"] = kt
