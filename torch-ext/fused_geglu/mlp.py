@@ -30,14 +30,13 @@ from . import sm90_weights
 from ._ops import ops
 from ._opdef import _tracing, custom_op
 from ._views import rows
-from .policy import mlp_backend_for, sm90_dh_launch
 
 
 def _pick(device: torch.device, backend: str, m: int, h: int, i: int, capturing: int | None = None) -> str:
     """``backend`` is already resolved by ``_dispatch.requested``."""
     if backend == "auto":
         if device.type == "cuda":
-            choice = mlp_backend_for(m, h, i, device, capturing)  # measured: policy_sm90.json
+            choice = policy.mlp_backend_for(m, h, i, device, capturing)  # measured: policy_sm90.json
             if _dispatch.has_backend(device, choice):
                 return choice
             return "triton" if _dispatch.has_backend(device, "triton") else "torch"
@@ -179,7 +178,7 @@ def _mlp_backward(grad_y, x, w_gate, w_up, w_down, b_gate, b_up, preact: list, a
         if recompute:
             gate, up = F.linear(x2, w_gate, b_gate), F.linear(x2, w_up, b_up)
         # The policy (cached) first: the operand checks run only where it names a launch.
-        launch = sm90_weights.dh_launch(sm90_dh_launch(m, h, dev)) if backend == "cuda" else None
+        launch = sm90_weights.dh_launch(policy.sm90_dh_launch(m, h, dev)) if backend == "cuda" else None
         if launch is not None and not (_dispatch.compiled_has("geglu_dh_sm90", "cuda")
                                        and sm90_weights.dh_usable(dy, w_down, gate, up)):
             launch = None
