@@ -516,7 +516,8 @@ def decode(k, ops, rows: list, rounds: int = 3) -> None:
                 nograph["triton"] = graph["triton"] = triton
             gateup = {}
             for launch in (DECODE_LAUNCHES if m <= 64 else DECODE_OPTS["launches"]):
-                args = sw.parse_launch(launch)
+                # "heuristic": the op's own tile choice (what a forced backend="cuda" runs outside the policy)
+                args = sw.parse_launch(None if launch == "heuristic" else launch)
                 nograph[f"sm90 {launch}"] = auto_with(launch)
                 graph[f"sm90 {launch}"] = (lambda j, a=args:
                                            ops.geglu_mlp_sm90(xs[j], *ws[j], None, None, None, 1, *a))
@@ -571,7 +572,8 @@ def main() -> None:
     p.add_argument("--decode-tokens", default="16,64", help="M values of the decode section (e.g. 16,64,256,512)")
     p.add_argument("--rounds", type=int, default=3, help="interleaved rounds of the decode section")
     p.add_argument("--launches", default=None,
-                   help="comma list of gate+up launches the decode section times above M = 64 (default: MID_LAUNCHES)")
+                   help="comma list of gate+up launches the decode section times above M = 64 (default: MID_LAUNCHES); "
+                        "'heuristic' = the op's own tile choice")
     p.add_argument("--train-tokens", default="1024,8192", help="M values of the mlptrain section")
     p.add_argument("--train-launches", default=None, help="comma list of CUTLASS forward launches mlptrain times")
     p.add_argument("--train-lean", action="store_true",

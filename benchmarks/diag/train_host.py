@@ -10,6 +10,12 @@ weights as parameters:
 - kernels: the GPU kernels of one step (name -> µs per step, torch.profiler) and their count;
 - profile: the top functions of ours' step by own time (cProfile over 200 steps), to say which
   Python pieces the difference is made of.
+
+``--micro`` adds, per shape at the first M, what one ``F.linear`` (the gate GEMM's shape) costs on
+the host in each setting the two providers call it in: grad mode off, grad mode on with a weight
+that requires grad (eager's forward), and inside a bare ``autograd.Function`` forward (ours'), plus
+``torch.empty`` and a trivial op; and the CPU-side profiler table (self CPU time per ATen op and
+CUDA runtime call) of each provider's step, to name the call ours' extra host time is spent in.
 """
 
 from __future__ import annotations
@@ -33,11 +39,61 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize()
 
 
+class _Bare(torch.autograd.Function):
+    """F.linear as ours' forward calls it: inside an autograd.Function (grad mode off)."""
+
+    @staticmethod
+    def forward(ctx, x, w):
+        return torch.nn.functional.linear(x, w)
+
+    @staticmethod
+    def backward(ctx, g):
+        return None, None
+
+
+def _micro(x: torch.Tensor, w: torch.Tensor, device: torch.device) -> dict[str, float]:
+    lin = torch.nn.functional.linear
+    xd = x.detach()
+
+    def no_grad():
+        with torch.no_grad():
+            lin(xd, w)
+
+    shape = (x.shape[0], w.shape[0])
+    cases = {"linear_no_grad": no_grad, "linear_grad": lambda: lin(x, w),
+             "linear_in_function": lambda: _Bare.apply(x, w),
+             "empty": lambda: torch.empty(shape, dtype=x.dtype, device=device),
+             "alias": lambda: torch.ops.aten.alias(xd)}
+    out = {}
+    for name, f in cases.items():
+        for _ in range(20):
+            f()
+        out[name] = host_us(f, 400, device=device)
+    return out
+
+
+def _cpu_ops(step, device: torch.device) -> str:
+    """Self CPU time per op and CUDA runtime call (cudaLaunchKernel, cudaMalloc, ...) over 50 steps,
+    per step: torch.profiler (the CUDA activity only adds the runtime calls on the host's side)."""
+    for _ in range(5):
+        step()
+    _sync(device)
+    acts = [torch.profiler.ProfilerActivity.CPU] + ([torch.profiler.ProfilerActivity.CUDA]
+                                                    if device.type == "cuda" else [])
+    with torch.profiler.profile(activities=acts) as prof:
+        for _ in range(50):
+            step()
+        _sync(device)
+    rows = sorted(prof.key_averages(), key=lambda e: -e.self_cpu_time_total)[:40]
+    return "\n".join(f"{e.self_cpu_time_total / 50:8.1f} {e.count / 50:5.1f}  {e.key[:80]}" for e in rows)
+
+
 def main() -> int:
     p = argparse.ArgumentParser()
     p.add_argument("--tokens", default="16")
     p.add_argument("--device", default="cuda")
     p.add_argument("--out", required=True)
+    p.add_argument("--micro", action="store_true")
     args = p.parse_args()
     device = torch.device(args.device)
     k = load_kernel()
@@ -77,6 +133,10 @@ def main() -> int:
                     s = io.StringIO()
                     pstats.Stats(prof, stream=s).strip_dirs().sort_stats("tottime").print_stats(22)
                     row["profile"] = s.getvalue()[-6000:]
+                if args.micro and m == int(args.tokens.split(",")[0]):
+                    row["cpu_ops"] = _cpu_ops(step, device)
+                    if prov == "eager":
+                        row["micro_us"] = _micro(x, ws[0], device)
                 rows.append(row)
                 print(f"{name:10s} M={m:5d} {prov:6s} host fwd {row['host_us_fwd']:7.1f} us, step "
                       f"{row['host_us_step']:7.1f} us"
@@ -87,6 +147,13 @@ def main() -> int:
     with open(path, "w") as fh:
         env = environment() if device.type == "cuda" else {"device": "cpu", "torch": torch.__version__}
         json.dump({**env, "rows": rows}, fh, indent=1)
+    for r in rows:
+        if "micro_us" in r:
+            print(f"== {r['shape']} M={r['M']} host us per call: "
+                  + ", ".join(f"{k} {v:.1f}" for k, v in r["micro_us"].items()))
+        if "cpu_ops" in r:
+            print(f"== {r['shape']} M={r['M']} {r['provider']}: self CPU us per step")
+            print("\n".join(r["cpu_ops"].splitlines()[:24]))
     for r in rows:
         if "profile" in r:
             print(f"== {r['shape']} M={r['M']} ours ({r['backend']}, backward {r['backward']})")
