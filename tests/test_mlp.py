@@ -524,7 +524,8 @@ def test_sm90_usable_needs_one_view_over_both_weights(kernel, monkeypatch):
 def test_cublas_forward_takes_one_compiled_call_only_for_inference(kernel, monkeypatch):
     """The routing in front of geglu_mlp_gemm, on CPU tensors with a stand-in for the compiled op:
     the inference forward with the CUDA pointwise kernel is handed over whole; training (which keeps
-    gate/up for the backward) and the other pointwise backends are not."""
+    gate/up for the backward: geglu_mlp_gemm_train, absent here, next test) and the other pointwise
+    backends are not."""
     mlp = importlib.import_module(kernel.__name__ + ".mlp")
     dispatch = importlib.import_module(kernel.__name__ + "._dispatch")
     calls = []
@@ -548,10 +549,116 @@ def test_cublas_forward_takes_one_compiled_call_only_for_inference(kernel, monke
     n = len(calls)
     y, gate, up = mlp._gemm_forward(x2, wg, wu, wd, bg, None, None, "tanh", "torch", True)  # training
     y2, _, _ = mlp._gemm_forward(x2, wg, wu, wd, bg, None, None, "tanh", "torch", False)  # another pointwise
-    assert len(calls) == n, "only the CUDA pointwise's inference forward is one call"
+    assert len(calls) == n, "only the CUDA pointwise's inference forward is geglu_mlp_gemm's call"
     assert gate is not None and up is not None
     ref = kernel.reference.geglu_mlp_ref(x2, wg, wu, wd, bg, None, None, approximate="tanh")
     assert torch.allclose(y, ref.float(), rtol=1e-4, atol=1e-4) and torch.allclose(y2, y)
+
+
+def test_cublas_training_takes_one_compiled_call_each_way(kernel, monkeypatch):
+    """The routing in front of geglu_mlp_gemm_train and geglu_mlp_gemm_bwd, on CPU tensors with
+    stand-ins for the compiled ops: the training forward with the CUDA pointwise kernel is handed
+    over whole, and so is the backward up to ONE_CALL_BWD_MAX_ELEMS M x I elements (above it the
+    Python sequence frees dgate early: memory); ONE_CALL = False (FUSED_GEGLU_ONE_CALL=0) keeps both
+    in Python. The real ops are compared bit for bit on the GPU
+    (test_geglu_mlp_cublas_training_one_call_matches_python)."""
+    mlp = importlib.import_module(kernel.__name__ + ".mlp")
+    dispatch = importlib.import_module(kernel.__name__ + "._dispatch")
+    calls = {"train": [], "bwd": []}
+    m, h, i = 6, 8, 16
+
+    class Ops:
+        def geglu_mlp_gemm_train(self, *args):
+            calls["train"].append(args)
+            return (args[0].new_full((args[0].shape[0], h), 7.0), args[0].new_full((m, i), 1.0),
+                    args[0].new_full((m, i), 2.0))
+
+        def geglu_mlp_gemm_bwd(self, *args):
+            calls["bwd"].append(args)
+            return tuple(args[1].new_full(s, float(k)) for k, s in enumerate(
+                [args[1].shape, (i, h), (i, h), (h, i), (i,) if args[8] else (0,), (i,) if args[9] else (0,),
+                 (h,) if args[10] else (0,)]))
+
+    one_call = ("geglu_mlp_gemm_train", "geglu_mlp_gemm_bwd")
+    monkeypatch.setattr(mlp, "ops", Ops())
+    monkeypatch.setattr(dispatch, "compiled_has", lambda op, device_type: op in one_call)
+    monkeypatch.setattr(mlp, "_pick", lambda *args: "cuda")  # CPU tensors down the CUDA path
+    geglu = importlib.import_module(kernel.__name__ + ".geglu")
+    monkeypatch.setattr(geglu, "_pick", lambda *args: "cuda")  # the CUDA pointwise kernel
+    x = torch.randn(2, 3, h)
+    wg, wu, wd, bg = torch.randn(i, h), torch.randn(i, h), torch.randn(h, i), torch.randn(i)
+
+    y, gate, up = mlp._gemm_forward(x.view(m, h), wg, wu, wd, bg, None, None, "tanh", "cuda", True)
+    assert len(calls["train"]) == 1 and calls["train"][0][4] is bg and calls["train"][0][7] == 1
+    assert torch.equal(y, torch.full((m, h), 7.0)) and torch.equal(up, torch.full((m, i), 2.0))
+
+    dy = torch.randn(2, 3, h)
+    gate, up = torch.randn(m, i), torch.randn(m, i)
+    out = mlp._mlp_backward(dy, x, wg, wu, wd, bg, None, [gate, up], "none", False, True, "auto", True)
+    (args,) = calls["bwd"]
+    assert args[5] is gate and args[6] is up, "the saved pre-activations, to be overwritten in place"
+    assert args[7:] == (0, True, False, True), "GELU flavour and which biases exist"
+    assert args[0].shape == (m, h) and args[1].shape == (m, h), "dy and x as rows"
+    assert out[0].shape == x.shape and torch.equal(out[0], torch.zeros(x.shape)), "dx in x's shape"
+    assert [o.shape for o in out[1:]] == [(i, h), (i, h), (h, i), (i,), (0,), (h,)]
+
+    # Above the element bound, and with ONE_CALL off: the Python sequence (here on the CPU kernels
+    # behind the "cuda" name), against float64.
+    def python_backward():
+        gate, up = torch.randn(m, i), torch.randn(m, i)
+        saved = [gate.clone(), up.clone()]
+        dx, dwg, dwu, dwd, dbg, _, dbd = mlp._mlp_backward(dy, x, wg, wu, wd, bg, None, [gate, up], "none",
+                                                            False, True, "auto", True)
+        leaves = [t.double().requires_grad_() for t in (x, wg, wu, wd, bg, *saved)]
+        x64, wg64, wu64, wd64, bg64, g64, u64 = leaves
+        y64 = F.linear(F.gelu(g64) * u64, wd64)
+        ref = torch.autograd.grad(y64, [wd64, g64, u64], dy.double().view(m, h))
+        assert torch.allclose(dwd.double(), ref[0], rtol=1e-4, atol=1e-4)
+        dgate, dup = ref[1], ref[2]
+        assert torch.allclose(dx.double().view(m, h), dgate @ wg64 + dup @ wu64, rtol=1e-4, atol=1e-4)
+        assert torch.allclose(dwg.double(), dgate.t() @ x64.view(m, h), rtol=1e-4, atol=1e-4)
+        assert torch.allclose(dbg.double(), dgate.sum(0), rtol=1e-4, atol=1e-4)
+        assert torch.allclose(dbd.double(), dy.double().view(m, h).sum(0), rtol=1e-4, atol=1e-4)
+
+    monkeypatch.setattr(mlp, "ONE_CALL_BWD_MAX_ELEMS", m * i - 1)
+    python_backward()
+    monkeypatch.setattr(mlp, "ONE_CALL_BWD_MAX_ELEMS", m * i)
+    monkeypatch.setattr(mlp, "ONE_CALL", False)
+    python_backward()
+    mlp._gemm_forward(x.view(m, h), wg, wu, wd, bg, None, None, "tanh", "cuda", True)
+    assert len(calls["bwd"]) == 1 and len(calls["train"]) == 1, "ONE_CALL = False: no compiled call"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("biases", ["all", "up_only", "none"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32], ids=str)
+@pytest.mark.parametrize("recompute", [False, True], ids=["save", "recompute"])
+def test_geglu_mlp_cublas_training_one_call_matches_python(kernel, device, monkeypatch, biases, dtype, recompute):
+    """The cuBLAS + pointwise training step from compiled calls (geglu_mlp_gemm_train forward,
+    geglu_mlp_gemm_bwd backward) gives the bits of the same sequence issued from Python
+    (mlp.ONE_CALL = False), and is right against float64. Any CUDA GPU; the auto policy with the sm90
+    GEMM switched off takes this path at this size."""
+    monkeypatch.setenv("FUSED_GEGLU_SM90_MLP", "no")
+    monkeypatch.delenv("FUSED_GEGLU_BACKEND", raising=False)
+    mlp = importlib.import_module(kernel.__name__ + ".mlp")
+    m, h, i = 45, 264, 392
+    x, wg, wu, wd, bg, bu, bd = _inference_operands(dtype, device, (3, m), h, i, biases)
+    args = [x, wg, wu, wd, bg, bu, bd]
+    grad = randn(3, m, h, dtype=dtype, device=device)
+    results = {}
+    for one_call in (True, False):
+        monkeypatch.setattr(mlp, "ONE_CALL", one_call)
+        leaves = [None if a is None else a.clone().requires_grad_() for a in args]
+        y = kernel.geglu_mlp(*leaves, approximate="tanh", recompute=recompute)
+        assert kernel.last_backend("geglu_mlp") == "cuda+gemm"
+        grads = torch.autograd.grad(y, [a for a in leaves if a is not None], grad)
+        assert kernel.last_backend("geglu_mlp_backward") == "cuda"
+        results[one_call] = (y.detach(), *grads)
+        if one_call:
+            _assert_output_and_grads(kernel, kernel.geglu_mlp(*leaves, approximate="tanh", recompute=recompute),
+                                     leaves, "tanh", f"one-call training, biases {biases}")
+    for a, b in zip(results[True], results[False]):
+        assert torch.equal(a, b), "compiled calls and the Python sequence differ"
 
 
 def _assert_output_and_grads(kernel, y, args, approximate, what):

@@ -27,6 +27,17 @@ TORCH_LIBRARY_EXPAND(TORCH_EXTENSION_NAME, ops) {
       "geglu_mlp_gemm(Tensor x, Tensor w_gate, Tensor w_up, Tensor w_down, Tensor? b_gate, Tensor? b_up, "
       "Tensor? b_down, int approximate) -> Tensor");
   ops.impl("geglu_mlp_gemm", c10::kCUDA, &geglu_mlp_gemm);
+  // The same for training: the forward also returns gate/up; the backward overwrites them with their
+  // gradients (kernel_src/geglu_cuda/mlp_gemm.cpp).
+  ops.def(
+      "geglu_mlp_gemm_train(Tensor x, Tensor w_gate, Tensor w_up, Tensor w_down, Tensor? b_gate, "
+      "Tensor? b_up, Tensor? b_down, int approximate) -> (Tensor, Tensor, Tensor)");
+  ops.impl("geglu_mlp_gemm_train", c10::kCUDA, &geglu_mlp_gemm_train);
+  ops.def(
+      "geglu_mlp_gemm_bwd(Tensor dy, Tensor x, Tensor w_gate, Tensor w_up, Tensor w_down, Tensor(a!) gate, "
+      "Tensor(b!) up, int approximate, bool has_b_gate, bool has_b_up, bool has_b_down) -> "
+      "(Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)");
+  ops.impl("geglu_mlp_gemm_bwd", c10::kCUDA, &geglu_mlp_gemm_bwd);
   // ---- CUDA-only ops (kernel_src/linear_cublaslt, kernel_src/gemm_sm90) ----
   // The optional outputs (preact_out, db, gate_out, up_out) are written: each has its own alias set.
   ops.def(

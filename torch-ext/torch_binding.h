@@ -12,6 +12,7 @@
 #include <ATen/core/Tensor.h>
 
 #include <optional>
+#include <tuple>
 
 // out = gelu(gate) * up, math in fp32, stored in out's dtype.
 void geglu_fwd(at::Tensor &out, at::Tensor const &gate, at::Tensor const &up,
@@ -31,6 +32,19 @@ at::Tensor geglu_mlp_gemm(at::Tensor const &x, at::Tensor const &w_gate, at::Ten
                           at::Tensor const &w_down, std::optional<at::Tensor> const &b_gate,
                           std::optional<at::Tensor> const &b_up, std::optional<at::Tensor> const &b_down,
                           int64_t approximate);
+// The training forward's cuBLAS + pointwise sequence: (y, gate, up), h in its own buffer (gate/up
+// are what the backward needs).
+std::tuple<at::Tensor, at::Tensor, at::Tensor> geglu_mlp_gemm_train(
+    at::Tensor const &x, at::Tensor const &w_gate, at::Tensor const &w_up, at::Tensor const &w_down,
+    std::optional<at::Tensor> const &b_gate, std::optional<at::Tensor> const &b_up,
+    std::optional<at::Tensor> const &b_down, int64_t approximate);
+// The MLP's backward with cuBLAS GEMMs around geglu_bwd_inplace: dh = dy w_down, then gate <- dgate,
+// up <- dup and dh <- h in place; returns (dx, dw_gate, dw_up, dw_down, db_gate, db_up, db_down), a
+// missing bias's gradient a 0-element tensor. dy [M,H], x [M,H], gate/up [M,I], all 2-D.
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor>
+geglu_mlp_gemm_bwd(at::Tensor const &dy, at::Tensor const &x, at::Tensor const &w_gate,
+                   at::Tensor const &w_up, at::Tensor const &w_down, at::Tensor &gate, at::Tensor &up,
+                   int64_t approximate, bool has_b_gate, bool has_b_up, bool has_b_down);
 
 // ---- CUDA-only ops (kernel_src/linear_cublaslt, kernel_src/gemm_sm90) ----
 // cuBLASLt: out[M,N] = act(x[M,K] @ weight[N,K]^T + bias[N]); activation 0 = none, 1 = tanh GELU

@@ -31,7 +31,6 @@
 
 #include <ATen/MemoryOverlap.h>
 #include <ATen/core/Tensor.h>
-#include <ATen/ops/linear.h>  // the one ATen op geglu_mlp_gemm calls (cuBLAS through F.linear's path)
 #include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>  // what at::cuda::getCurrentCUDAStream forwards to; no cuBLAS/cuSPARSE headers
@@ -515,22 +514,6 @@ void geglu_fwd(at::Tensor &out, at::Tensor const &gate, at::Tensor const &up, in
       vec ? launch_fwd<T, kVec, false>(args, stream) : launch_fwd<T, 1, false>(args, stream);
     }
   });
-}
-
-// The MLP's inference forward with vendor GEMMs, in one op call: gate = x w_gate^T + b_gate and
-// up = x w_up^T + b_up through ATen's linear (cuBLAS, as F.linear), h = gelu(gate) * up written over
-// gate by geglu_fwd, y = h w_down^T + b_down. The same kernels and bits as that sequence issued from
-// Python; one call instead of four saves the dispatcher and Python argument parsing three times,
-// which is what a decode step without CUDA graphs waits on.
-at::Tensor geglu_mlp_gemm(at::Tensor const &x, at::Tensor const &w_gate, at::Tensor const &w_up,
-                          at::Tensor const &w_down, std::optional<at::Tensor> const &b_gate,
-                          std::optional<at::Tensor> const &b_up, std::optional<at::Tensor> const &b_down,
-                          int64_t approximate) {
-  TORCH_CHECK(x.dim() == 2, "geglu_mlp_gemm: x must be 2-D [M, H], got ", x.sizes());
-  at::Tensor gate = at::linear(x, w_gate, b_gate);
-  const at::Tensor up = at::linear(x, w_up, b_up);
-  geglu_fwd(gate, gate, up, approximate);
-  return at::linear(gate, w_down, b_down);
 }
 
 void geglu_bwd(at::Tensor &grad_gate, at::Tensor &grad_up, at::Tensor const &grad_out,

@@ -10,7 +10,9 @@ Paths (``last_backend("geglu_mlp")`` names the one that ran):
   when training it also writes the gate/up pre-activations the backward needs.
 - ``"<pointwise>+gemm"`` (``"cuda+gemm"``, ``"cpu+gemm"``, ``"torch+gemm"``): vendor GEMMs
   (cuBLAS / ATen) around this project's GeGLU pointwise kernel. The auto policy on CUDA uses it
-  wherever measurements say the fused kernel would lose (``configs``' dispatch table).
+  wherever measurements say the fused kernel would lose (``configs``' dispatch table). With the
+  CUDA pointwise kernel the forward, the training forward and (up to ``ONE_CALL_BWD_MAX_ELEMS``)
+  the backward are each one compiled call (``kernel_src/geglu_cuda/mlp_gemm.cpp``).
 
 Saved for backward: x, and the gate/up pre-activations (``2·M·I`` values), or nothing but x
 with ``recompute=True`` (one more gate+up GEMM in the backward). The backward turns the saved
@@ -20,6 +22,8 @@ frees each as soon as its last GEMM has read it; a second backward through the s
 """
 
 from __future__ import annotations
+
+import os
 
 import torch
 import torch.nn.functional as F
@@ -51,12 +55,28 @@ def _pick(device: torch.device, backend: str, m: int, h: int, i: int, capturing:
 _H_OVER_GATE = ("cuda", "triton", "torch")
 
 
+# The cuBLAS + pointwise sequences (forward, training forward, backward) are issued from one compiled
+# call each (kernel_src/geglu_cuda/mlp_gemm.cpp): the same kernels in the same order as the Python
+# sequences below, minus their interpreter and dispatcher time, which is what a decode step or a
+# small training step waits on. $FUSED_GEGLU_ONE_CALL=0 (read at load) issues them from Python, for
+# measuring; the GPU tests switch this flag to compare the two bit for bit.
+ONE_CALL = os.environ.get("FUSED_GEGLU_ONE_CALL", "1").strip().lower() not in ("0", "no", "off", "false")
+# The compiled backward holds gate/up (the caller's references) until it returns, where the Python
+# sequence frees dgate before allocating dW_up: one M x I buffer more at the step's peak. Below this
+# many M x I elements (32 MB in bf16; M = 1024 at Gemma-2B's width) that is small beside the weight
+# gradients and host time matters; above it the GEMMs dominate and memory is the concern.
+ONE_CALL_BWD_MAX_ELEMS = 1 << 24
+
+
 def _gemm_forward(x2, wg, wu, wd, bg, bu, bd, approximate, pointwise, keep_preact: bool):
     """``(y, gate, up)``. Without ``keep_preact`` h is written over gate (gate is dead once h
     exists), so the forward holds two M x I buffers instead of three; gate/up are then None."""
-    if pointwise == "cuda" and not keep_preact and _dispatch.compiled_has("geglu_mlp_gemm", "cuda"):
-        # The same sequence from one compiled call (host time is what an eager decode step waits on).
-        return ops.geglu_mlp_gemm(x2, wg, wu, wd, bg, bu, bd, 0 if approximate == "none" else 1), None, None
+    if pointwise == "cuda" and ONE_CALL:
+        code = 0 if approximate == "none" else 1
+        if not keep_preact and _dispatch.compiled_has("geglu_mlp_gemm", "cuda"):
+            return ops.geglu_mlp_gemm(x2, wg, wu, wd, bg, bu, bd, code), None, None
+        if keep_preact and _dispatch.compiled_has("geglu_mlp_gemm_train", "cuda"):
+            return ops.geglu_mlp_gemm_train(x2, wg, wu, wd, bg, bu, bd, code)
     # F.linear on 2-D input with a bias is addmm (cuBLASLt's BIAS epilogue on CUDA); it also skips
     # the Python-level ``Tensor.__matmul__`` wrapper that ``a @ w.t()`` goes through.
     gate, up = F.linear(x2, wg, bg), F.linear(x2, wu, bu)
@@ -188,10 +208,18 @@ def _mlp_backward(grad_y, x, w_gate, w_up, w_down, b_gate, b_up, preact: list, a
             hid = torch.empty((m, i), dtype=dt, device=dev)
             ops.geglu_dh_sm90(gate, up, hid, dy, w_down, 0 if approximate == "none" else 1, *launch)
         else:
-            hid = dy @ w_down  # dh, turned into h by the in-place pointwise below
             # As in the forward: under the auto policy the pointwise is whichever measured faster.
             pointwise = _geglu._pick(dev, "auto", "bwd_inplace", m * i, True) \
                 if requested == "auto" and backend == "cuda" else backend
+            if pointwise == "cuda" and ONE_CALL and m * i <= ONE_CALL_BWD_MAX_ELEMS \
+                    and _dispatch.compiled_has("geglu_mlp_gemm_bwd", "cuda"):
+                # The sequence below from one compiled call (same kernels, same order, same bits).
+                dx, *grads = ops.geglu_mlp_gemm_bwd(dy, x2, w_gate, w_up, w_down, gate, up,
+                                                    0 if approximate == "none" else 1, b_gate is not None,
+                                                    b_up is not None, has_b_down)
+                _dispatch.record("geglu_mlp_backward", "cuda")
+                return (dx.view(x.shape), *grads)
+            hid = dy @ w_down  # dh, turned into h by the in-place pointwise below
             _geglu._bwd_inplace(gate, up, hid, approximate, pointwise)
         _dispatch.record("geglu_mlp_backward", "cuda:sm90" if launch is not None else backend)
     d_w_down = dy.t() @ hid

@@ -1,0 +1,76 @@
+// The MLP's cuBLAS + pointwise sequences, each in one op call (host code only: ATen's GEMMs, which
+// are cuBLAS on CUDA tensors, around the GeGLU kernels of geglu_cuda.cu).
+//
+// Why in C++: at decode sizes and in small training steps the GPU waits on the host, and issuing the
+// same sequence from Python costs the interpreter and the op dispatcher's argument parsing once per
+// op. Each function issues exactly the kernels, in exactly the order, of the Python sequence it
+// replaces in fused_geglu/mlp.py (the GPU tests compare the bits), so the choice between them is host
+// time only.
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/empty_like.h>
+#include <ATen/ops/linear.h>
+#include <ATen/ops/mm.h>
+
+#include <tuple>
+
+#include "torch_binding.h"
+
+at::Tensor geglu_mlp_gemm(at::Tensor const &x, at::Tensor const &w_gate, at::Tensor const &w_up,
+                          at::Tensor const &w_down, std::optional<at::Tensor> const &b_gate,
+                          std::optional<at::Tensor> const &b_up, std::optional<at::Tensor> const &b_down,
+                          int64_t approximate) {
+  TORCH_CHECK(x.dim() == 2, "geglu_mlp_gemm: x must be 2-D [M, H], got ", x.sizes());
+  at::Tensor gate = at::linear(x, w_gate, b_gate);
+  const at::Tensor up = at::linear(x, w_up, b_up);
+  geglu_fwd(gate, gate, up, approximate);  // h over gate: gate is dead once h exists
+  return at::linear(gate, w_down, b_down);
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> geglu_mlp_gemm_train(
+    at::Tensor const &x, at::Tensor const &w_gate, at::Tensor const &w_up, at::Tensor const &w_down,
+    std::optional<at::Tensor> const &b_gate, std::optional<at::Tensor> const &b_up,
+    std::optional<at::Tensor> const &b_down, int64_t approximate) {
+  TORCH_CHECK(x.dim() == 2, "geglu_mlp_gemm_train: x must be 2-D [M, H], got ", x.sizes());
+  at::Tensor gate = at::linear(x, w_gate, b_gate);
+  at::Tensor up = at::linear(x, w_up, b_up);
+  at::Tensor h = at::empty_like(gate);  // gate/up are kept for the backward
+  geglu_fwd(h, gate, up, approximate);
+  at::Tensor y = at::linear(h, w_down, b_down);
+  return {std::move(y), std::move(gate), std::move(up)};
+}
+
+namespace {
+// The sum of a gradient over rows for a bias, accumulated in fp32 and rounded once; a 0-element
+// placeholder where the module has no such bias.
+at::Tensor bias_grad(at::Tensor const &g, bool present) {
+  if (!present) return at::empty({0}, g.options());
+  return g.sum(at::IntArrayRef{0}, /*keepdim=*/false, at::kFloat).to(g.scalar_type());
+}
+}  // namespace
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor>
+geglu_mlp_gemm_bwd(at::Tensor const &dy, at::Tensor const &x, at::Tensor const &w_gate,
+                   at::Tensor const &w_up, at::Tensor const &w_down, at::Tensor &gate, at::Tensor &up,
+                   int64_t approximate, bool has_b_gate, bool has_b_up, bool has_b_down) {
+  constexpr const char *op = "geglu_mlp_gemm_bwd";
+  TORCH_CHECK(dy.dim() == 2 && x.dim() == 2 && gate.dim() == 2 && up.dim() == 2, op,
+              ": dy, x, gate and up must be 2-D, got ", dy.sizes(), ", ", x.sizes(), ", ", gate.sizes(),
+              ", ", up.sizes());
+  TORCH_CHECK(gate.sizes() == up.sizes() && gate.size(0) == x.size(0) && dy.size(0) == x.size(0), op,
+              ": gate ", gate.sizes(), " and up ", up.sizes(), " must be [M, I] with M = x's rows (",
+              x.size(0), ") = dy's rows (", dy.size(0), ")");
+  at::Tensor hid = at::mm(dy, w_down);            // dh [M, I]
+  geglu_bwd_inplace(gate, up, hid, approximate);  // gate <- dgate, up <- dup, hid <- h
+  at::Tensor d_w_down = at::mm(dy.t(), hid);
+  hid.reset();
+  at::Tensor dx = at::mm(gate, w_gate);
+  dx.addmm_(up, w_up);
+  at::Tensor d_w_gate = at::mm(gate.t(), x);
+  at::Tensor db_gate = bias_grad(gate, has_b_gate);
+  at::Tensor d_w_up = at::mm(up.t(), x);
+  at::Tensor db_up = bias_grad(up, has_b_up);
+  at::Tensor db_down = bias_grad(dy, has_b_down);
+  return {std::move(dx),      std::move(d_w_gate), std::move(d_w_up), std::move(d_w_down),
+          std::move(db_gate), std::move(db_up),    std::move(db_down)};
+}
