@@ -602,8 +602,11 @@ def test_cublas_training_takes_one_compiled_call_each_way(kernel, monkeypatch):
     assert out[0].shape == x.shape and torch.equal(out[0], torch.zeros(x.shape)), "dx in x's shape"
     assert [o.shape for o in out[1:]] == [(i, h), (i, h), (h, i), (i,), (0,), (h,)]
 
-    # Above the element bound, and with ONE_CALL off: the Python sequence (here on the CPU kernels
-    # behind the "cuda" name), against float64.
+    # Above the element bound, and with ONE_CALL off: the Python sequence, against float64. Its
+    # pointwise step runs the torch reference behind the "cuda" name (a CUDA variant has no CPU kernels).
+    bwd_inplace = geglu._bwd_inplace
+    monkeypatch.setattr(geglu, "_bwd_inplace", lambda g, u, d, a, b: bwd_inplace(g, u, d, a, "torch"))
+
     def python_backward():
         gate, up = torch.randn(m, i), torch.randn(m, i)
         saved = [gate.clone(), up.clone()]

@@ -10,6 +10,7 @@ import re
 from pathlib import Path
 
 import pytest
+import torch
 
 # The CUTLASS gate+up launches a geglu_mlp_sm90 rule may name (sm90_weights.parse_launch's format).
 _SM90_LAUNCH = re.compile(r"(128x128|128x256|128x128pp|256x128|128x192pp|64x128pp|64x256pp|64x128k128pp)/s[1248][mn]?")
@@ -31,12 +32,21 @@ class _DhLaunches:
         return "'no' or s<1|2|4|8>[m|n]"
 
 
+class _ForcedLaunches:
+    def __contains__(self, value) -> bool:
+        return value == "heuristic" or (isinstance(value, str) and _SM90_LAUNCH.fullmatch(value) is not None)
+
+    def __repr__(self) -> str:
+        return f"'heuristic' or {_SM90_LAUNCH.pattern}"
+
+
 # op -> (the sizes its caller passes to policy.backend_for, the backends a rule may name)
 _OPS = {
     "geglu_mlp_dh_sm90": ({"m", "h"}, _DhLaunches()),
     "geglu_mlp": ({"m", "h", "capturing"}, {"triton", "cuda", "torch"}),
     "geglu_mlp_sm90": ({"m", "h", "capturing", "m_align"}, _Launches()),
     "geglu_mlp_sm90_train": ({"m", "h", "capturing", "m_align"}, _Launches()),
+    "geglu_mlp_sm90_forced": ({"m"}, _ForcedLaunches()),
     "linear": ({"m"}, {"torch", "triton", "cuda"}),
     "linear_gelu_tanh": ({"m"}, {"torch", "triton", "cuda"}),
     "linear_gelu": ({"m"}, {"torch", "triton", "cuda"}),
@@ -162,6 +172,10 @@ def test_policy_file_is_plain_json(policy):
     ("geglu_mlp_sm90_train", dict(m=8192, h=3584), "128x192pp/s1"),
     ("geglu_mlp_sm90_train", dict(m=16, h=2048), "no"),
     ("geglu_mlp_sm90_train", dict(m=8192, h=768), "no"),
+    # backend="cuda" forced where no rule above names a launch: from M = 1024 the one that lost least
+    ("geglu_mlp_sm90_forced", dict(m=1025), "128x192pp/s1"),
+    ("geglu_mlp_sm90_forced", dict(m=8193), "128x192pp/s1"),
+    ("geglu_mlp_sm90_forced", dict(m=1023), "<fallback>"),
     # the sm90 dh GEMM with the GeGLU-backward epilogue measured slower: off everywhere
     ("geglu_mlp_dh_sm90", dict(m=8192, h=2048), "no"),
     ("geglu_mlp_dh_sm90", dict(m=1024, h=2048), "no"),
@@ -177,7 +191,7 @@ def test_policy_file_is_plain_json(policy):
     ("geglu_bwd_inplace", dict(numel=8192 * 16384, dense=1), "cuda"),
 ])
 def test_h200_decisions(policy, sm90_rules, op, sizes, expected):
-    if op.startswith("geglu_mlp_sm90") and "m" in sizes:
+    if op in ("geglu_mlp_sm90", "geglu_mlp_sm90_train") and "m" in sizes:
         sizes = {**sizes, "m_align": sizes["m"] & -sizes["m"]}  # as policy.sm90_mlp_launch passes it
     assert policy.first_match(sm90_rules[op], "<fallback>", sizes) == expected
 
@@ -198,8 +212,8 @@ def test_sm90_launches_parse(kernel, sm90_rules):
     """Every launch the policy names reaches the op as a valid (tile, swizzle, raster); a malformed
     one is an error naming the expected form, not a silent default."""
     sm90 = importlib.import_module(kernel.__name__ + ".sm90_weights")
-    for rule in sm90_rules["geglu_mlp_sm90"] + sm90_rules["geglu_mlp_sm90_train"]:
-        if rule["backend"] != "no":
+    for rule in sm90_rules["geglu_mlp_sm90"] + sm90_rules["geglu_mlp_sm90_train"] + sm90_rules["geglu_mlp_sm90_forced"]:
+        if rule["backend"] not in ("no", "heuristic"):
             tile, swizzle, raster = sm90.parse_launch(rule["backend"])
             assert 0 <= tile < len(sm90.TILES) and swizzle in (1, 2, 4, 8) and raster in (0, 1, 2)
     assert sm90.parse_launch("256x128/s8n") == (3, 8, 2)
@@ -209,6 +223,23 @@ def test_sm90_launches_parse(kernel, sm90_rules):
     for bad in ("64x64/s1", "128x128/s3", "128x128", "128x128/s1x", "128x128/s8mn"):
         with pytest.raises(ValueError, match="sm90 launch"):
             sm90.parse_launch(bad)
+
+
+def test_sm90_forced_launch(policy, monkeypatch):
+    """A forced backend="cuda" outside the policy's launches: the measured fallback from M = 1024,
+    the op's heuristic (None) below it and whenever $FUSED_GEGLU_SM90_MLP is set (the override), and
+    on any GPU without an sm90 policy."""
+    monkeypatch.delenv("FUSED_GEGLU_SM90_MLP", raising=False)
+    monkeypatch.setattr(policy, "device_capability", lambda device: (9, 0))
+    cuda = torch.device("cuda", 0)
+    assert policy.sm90_forced_launch(1025, cuda) == "128x192pp/s1"
+    assert policy.sm90_forced_launch(1000, cuda) is None
+    assert policy.sm90_forced_launch(1025, torch.device("cpu")) is None
+    monkeypatch.setenv("FUSED_GEGLU_SM90_MLP", "no")
+    assert policy.sm90_forced_launch(1025, cuda) is None
+    monkeypatch.delenv("FUSED_GEGLU_SM90_MLP")
+    monkeypatch.setattr(policy, "device_capability", lambda device: (8, 0))
+    assert policy.sm90_forced_launch(1025, cuda) is None
 
 
 def test_sm90_dh_launch(kernel, monkeypatch):

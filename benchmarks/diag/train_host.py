@@ -11,6 +11,11 @@ weights as parameters:
 - profile: the top functions of ours' step by own time (cProfile over 200 steps), to say which
   Python pieces the difference is made of.
 
+``--ab-one-call R`` instead times ours' step with the cuBLAS + pointwise sequences issued from one
+compiled call each (``mlp.ONE_CALL``, the default) and from Python, and eager, in R interleaved
+rounds (order reversed every other round), since the host's speed drifts by more between runs than
+the difference being measured.
+
 ``--micro`` adds, per shape at the first M, what one ``F.linear`` (the gate GEMM's shape) costs on
 the host in each setting the two providers call it in: grad mode off, grad mode on with a weight
 that requires grad (eager's forward), and inside a bare ``autograd.Function`` forward (ours'), plus
@@ -22,10 +27,12 @@ from __future__ import annotations
 
 import argparse
 import cProfile
+import importlib
 import io
 import json
 import os
 import pstats
+import statistics
 import sys
 
 import torch
@@ -88,12 +95,43 @@ def _cpu_ops(step, device: torch.device) -> str:
     return "\n".join(f"{e.self_cpu_time_total / 50:8.1f} {e.count / 50:5.1f}  {e.key[:80]}" for e in rows)
 
 
+def _ab_one_call(k, providers, x, ws, dy, device, rounds: int, name: str, m: int) -> dict:
+    mlp = importlib.import_module(k.__name__ + ".mlp")
+
+    def step(f):
+        f().backward(dy)
+        for t in (x, *ws):
+            t.grad = None
+
+    labels = ("eager", "ours one call", "ours python")
+    samples: dict[str, list[float]] = {label: [] for label in labels}
+    try:
+        for r in range(rounds):
+            for label in (labels[::-1] if r % 2 else labels):
+                mlp.ONE_CALL = label != "ours python"
+                f = providers["eager" if label == "eager" else "ours"]
+                for _ in range(5):
+                    step(f)
+                samples[label].append(host_us(lambda: step(f), 40, device=device))
+    finally:
+        mlp.ONE_CALL = True
+    med = {label: statistics.median(v) for label, v in samples.items()}
+    paired = statistics.median(a - b for a, b in zip(samples["ours one call"], samples["ours python"]))
+    print(f"{name:10s} M={m:5d} host us per step: eager {med['eager']:7.1f}, ours one call "
+          f"{med['ours one call']:7.1f}, ours python {med['ours python']:7.1f}; one call - python, paired "
+          f"median {paired:+.1f}", flush=True)
+    return {"shape": name, "M": m, "mode": "ab_one_call", "rounds": rounds, "host_us_step": med,
+            "paired_one_call_minus_python_us": paired, "backward": k.last_backend("geglu_mlp_backward"),
+            "samples": samples}
+
+
 def main() -> int:
     p = argparse.ArgumentParser()
     p.add_argument("--tokens", default="16")
     p.add_argument("--device", default="cuda")
     p.add_argument("--out", required=True)
     p.add_argument("--micro", action="store_true")
+    p.add_argument("--ab-one-call", type=int, default=0, metavar="ROUNDS")
     args = p.parse_args()
     device = torch.device(args.device)
     k = load_kernel()
@@ -107,6 +145,9 @@ def main() -> int:
             x = torch.randn(m, h, device=device, dtype=dt, requires_grad=True)
             dy = torch.randn(m, h, device=device, dtype=dt)
             providers = {"eager": lambda: eager_mlp(x, *ws), "ours": lambda: k.geglu_mlp(x, *ws)}
+            if args.ab_one_call:
+                rows.append(_ab_one_call(k, providers, x, ws, dy, device, args.ab_one_call, name, m))
+                continue
             for prov, f in providers.items():
                 def step(f=f):
                     f().backward(dy)

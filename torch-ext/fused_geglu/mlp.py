@@ -120,8 +120,11 @@ def _forward(x, w_gate, w_up, w_down, b_gate, b_up, b_down, approximate: str, sa
             and sm90_weights.usable(x2, w_gate, w_up) \
             and ((launch := policy.sm90_mlp_launch(m, h, device, save_preact, capturing)) is not None or not auto):
         # Hopper: CUTLASS gate+up GEMM with the GeGLU epilogue (the tile and tile order the policy
-        # measured best at this size, or the op's own heuristic where a forced backend runs it
-        # outside the policy's sizes), then cuBLAS down. Training also takes gate/up from it.
+        # measured best at this size; where a forced backend runs it outside the policy's sizes, the
+        # launch that lost least there, or the op's own heuristic), then cuBLAS down. Training also
+        # takes gate/up from it.
+        if launch is None:
+            launch = policy.sm90_forced_launch(m, device)
         if save_preact or not _dispatch.compiled_has("geglu_mlp_sm90", "cuda"):
             hid, gate, up = sm90_weights.gateup_sm90(ops, x2, w_gate, w_up, b_gate, b_up, approximate, launch,
                                                      save_preact)

@@ -99,6 +99,16 @@ def sm90_mlp_launch(m: int, h: int, device: torch.device, training: bool = False
     return None if choice == "no" else choice
 
 
+def sm90_forced_launch(m: int, device: torch.device) -> str | None:
+    """The gate+up launch for ``backend="cuda"`` forced where ``sm90_mlp_launch`` names none (cuBLAS +
+    pointwise measured faster there): the launch that lost least in those places, else None (the op's
+    own size heuristic). ``$FUSED_GEGLU_SM90_MLP``, when set, keeps the heuristic (it is the override)."""
+    if os.environ.get("FUSED_GEGLU_SM90_MLP"):
+        return None
+    choice = backend_for("geglu_mlp_sm90_forced", device, "heuristic", m=m)
+    return None if choice == "heuristic" else choice
+
+
 def sm90_dh_launch(m: int, h: int, device: torch.device) -> str | None:
     """The dh GEMM with the GeGLU-backward epilogue's tile order (``"s<swizzle>[m|n]"``) where it
     beat cuBLAS dh + the in-place pointwise kernel at this size, else None."""
