@@ -604,8 +604,9 @@ def test_cublas_training_takes_one_compiled_call_each_way(kernel, monkeypatch):
 
     # Above the element bound, and with ONE_CALL off: the Python sequence, against float64. Its
     # pointwise step runs the torch reference behind the "cuda" name (a CUDA variant has no CPU kernels).
-    bwd_inplace = geglu._bwd_inplace
+    bwd_inplace, fwd_into = geglu._bwd_inplace, geglu._fwd_into
     monkeypatch.setattr(geglu, "_bwd_inplace", lambda g, u, d, a, b: bwd_inplace(g, u, d, a, "torch"))
+    monkeypatch.setattr(geglu, "_fwd_into", lambda o, g, u, a, b: fwd_into(o, g, u, a, "torch"))
 
     def python_backward():
         gate, up = torch.randn(m, i), torch.randn(m, i)
@@ -628,8 +629,10 @@ def test_cublas_training_takes_one_compiled_call_each_way(kernel, monkeypatch):
     monkeypatch.setattr(mlp, "ONE_CALL_BWD_MAX_ELEMS", m * i)
     monkeypatch.setattr(mlp, "ONE_CALL", False)
     python_backward()
-    mlp._gemm_forward(x.view(m, h), wg, wu, wd, bg, None, None, "tanh", "cuda", True)
+    y, gate, up = mlp._gemm_forward(x.view(m, h), wg, wu, wd, bg, None, None, "tanh", "cuda", True)
     assert len(calls["bwd"]) == 1 and len(calls["train"]) == 1, "ONE_CALL = False: no compiled call"
+    ref = kernel.reference.geglu_mlp_ref(x.view(m, h), wg, wu, wd, bg, None, None, approximate="tanh")
+    assert torch.allclose(y, ref.float(), rtol=1e-4, atol=1e-4) and torch.allclose(gate, F.linear(x.view(m, h), wg, bg))
 
 
 @pytest.mark.gpu
