@@ -518,7 +518,8 @@ def decode(k, ops, rows: list, rounds: int = 3) -> None:
             for launch in (DECODE_LAUNCHES if m <= 64 else DECODE_OPTS["launches"]):
                 # "heuristic": the op's own tile choice (what a forced backend="cuda" runs outside the policy)
                 args = sw.parse_launch(None if launch == "heuristic" else launch)
-                nograph[f"sm90 {launch}"] = auto_with(launch)
+                if launch != "heuristic":  # the no-graph rounds name the launch through the policy override
+                    nograph[f"sm90 {launch}"] = auto_with(launch)
                 graph[f"sm90 {launch}"] = (lambda j, a=args:
                                            ops.geglu_mlp_sm90(xs[j], *ws[j], None, None, None, 1, *a))
                 gateup[f"gate+up {launch}"] = (lambda j, a=args: ops.geglu_gateup_sm90(

@@ -95,13 +95,18 @@ def _cpu_ops(step, device: torch.device) -> str:
     return "\n".join(f"{e.self_cpu_time_total / 50:8.1f} {e.count / 50:5.1f}  {e.key[:80]}" for e in rows)
 
 
+def _train_step(f, dy: torch.Tensor, leaves) -> None:
+    """One training step of provider ``f``: forward, backward, gradients dropped."""
+    f().backward(dy)
+    for t in leaves:
+        t.grad = None
+
+
 def _ab_one_call(k, providers, x, ws, dy, device, rounds: int, name: str, m: int) -> dict:
     mlp = importlib.import_module(k.__name__ + ".mlp")
 
     def step(f):
-        f().backward(dy)
-        for t in (x, *ws):
-            t.grad = None
+        _train_step(f, dy, (x, *ws))
 
     labels = ("eager", "ours one call", "ours python")
     samples: dict[str, list[float]] = {label: [] for label in labels}
@@ -150,9 +155,7 @@ def main() -> int:
                 continue
             for prov, f in providers.items():
                 def step(f=f):
-                    f().backward(dy)
-                    for t in (x, *ws):
-                        t.grad = None
+                    _train_step(f, dy, (x, *ws))
                 for _ in range(10):
                     step()
                 row = {"shape": name, "M": m, "provider": prov,
