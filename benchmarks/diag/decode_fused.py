@@ -44,7 +44,7 @@ from decode_pdl import L2_BYTES, graph_of, time_replays  # noqa: E402
 
 @triton.jit
 def _read_kernel(a_ptr, b_ptr, c_ptr, out_ptr, na, nb, nc, CHUNK_A, CHUNK_B, CHUNK_C,
-                 HAS_B: tl.constexpr, HAS_C: tl.constexpr, BLOCK: tl.constexpr):
+                 HAS_B: tl.constexpr, HAS_C: tl.constexpr, BLOCK: tl.constexpr, EVICT: tl.constexpr):
     """Program p reads elements [p*CHUNK, (p+1)*CHUNK) of each flat tensor and stores one sum."""
     pid = tl.program_id(0)
     acc = tl.zeros((BLOCK,), dtype=tl.float32)
@@ -53,35 +53,36 @@ def _read_kernel(a_ptr, b_ptr, c_ptr, out_ptr, na, nb, nc, CHUNK_A, CHUNK_B, CHU
     for s in range(0, CHUNK_A, 2 * BLOCK):
         o0 = start + s + offs
         o1 = o0 + BLOCK
-        v0 = tl.load(a_ptr + o0, mask=(o0 < na) & (s + offs < CHUNK_A), other=0.0)
-        v1 = tl.load(a_ptr + o1, mask=(o1 < na) & (s + BLOCK + offs < CHUNK_A), other=0.0)
+        v0 = tl.load(a_ptr + o0, mask=(o0 < na) & (s + offs < CHUNK_A), other=0.0, eviction_policy=EVICT)
+        v1 = tl.load(a_ptr + o1, mask=(o1 < na) & (s + BLOCK + offs < CHUNK_A), other=0.0, eviction_policy=EVICT)
         acc += v0.to(tl.float32) + v1.to(tl.float32)
     if HAS_B:
         start = pid.to(tl.int64) * CHUNK_B
         for s in range(0, CHUNK_B, 2 * BLOCK):
             o0 = start + s + offs
             o1 = o0 + BLOCK
-            v0 = tl.load(b_ptr + o0, mask=(o0 < nb) & (s + offs < CHUNK_B), other=0.0)
-            v1 = tl.load(b_ptr + o1, mask=(o1 < nb) & (s + BLOCK + offs < CHUNK_B), other=0.0)
+            v0 = tl.load(b_ptr + o0, mask=(o0 < nb) & (s + offs < CHUNK_B), other=0.0, eviction_policy=EVICT)
+            v1 = tl.load(b_ptr + o1, mask=(o1 < nb) & (s + BLOCK + offs < CHUNK_B), other=0.0, eviction_policy=EVICT)
             acc += v0.to(tl.float32) + v1.to(tl.float32)
     if HAS_C:
         start = pid.to(tl.int64) * CHUNK_C
         for s in range(0, CHUNK_C, 2 * BLOCK):
             o0 = start + s + offs
             o1 = o0 + BLOCK
-            v0 = tl.load(c_ptr + o0, mask=(o0 < nc) & (s + offs < CHUNK_C), other=0.0)
-            v1 = tl.load(c_ptr + o1, mask=(o1 < nc) & (s + BLOCK + offs < CHUNK_C), other=0.0)
+            v0 = tl.load(c_ptr + o0, mask=(o0 < nc) & (s + offs < CHUNK_C), other=0.0, eviction_policy=EVICT)
+            v1 = tl.load(c_ptr + o1, mask=(o1 < nc) & (s + BLOCK + offs < CHUNK_C), other=0.0, eviction_policy=EVICT)
             acc += v0.to(tl.float32) + v1.to(tl.float32)
     tl.store(out_ptr + pid, tl.sum(acc))
 
 
-def read(tensors, out, programs: int, block: int = 4096):
+def read(tensors, out, programs: int, block: int = 4096, warps: int = 8, evict: str = ""):
     ts = list(tensors) + [tensors[0]] * (3 - len(tensors))
     ns = [t.numel() for t in ts]
     chunks = [-(-n // programs) for n in ns]
     chunks = [-(-c // (2 * block)) * 2 * block for c in chunks]
     _read_kernel[(programs,)](ts[0], ts[1], ts[2], out, *ns, *chunks,
-                              HAS_B=len(tensors) > 1, HAS_C=len(tensors) > 2, BLOCK=block, num_warps=8)
+                              HAS_B=len(tensors) > 1, HAS_C=len(tensors) > 2, BLOCK=block, EVICT=evict,
+                              num_warps=warps)
 
 
 @triton.jit
@@ -169,6 +170,29 @@ class Fused:
         return y
 
 
+def _variants(shipped, gateup_only, down_only, sink, sms, m, h, i, dev) -> dict:
+    """label: (fn(x, wg, wu, wd), whether its output is an MLP output to check)."""
+    variants = {
+        "shipped": (shipped, True),
+        "eager": (eager_mlp, True),
+        "gateup": (gateup_only, False),
+        "down": (down_only, False),
+    }
+    for progs in (sms, 2 * sms):
+        variants[f"read3/p{progs}"] = (lambda x, wg, wu, wd, P=progs: read((wg, wu, wd), sink, P), False)
+        variants[f"read2+read1/p{progs}"] = (
+            lambda x, wg, wu, wd, P=progs: (read((wg, wu), sink, P), read((wd,), sink, P)), False)
+    sl_even = -(-i // sms + 7) // 8 * 8  # the fewest programs that still fill every SM once
+    for sl, bi in ((64, 64), (32, 32), (sl_even, triton.next_power_of_2(sl_even))):
+        for atomic in (True, False):
+            for bh in (64, 128):
+                if -(-i // sl) > 2 * sms or sl > bi:
+                    continue
+                lab = f"fused-{'atomic' if atomic else 'ws'}/s{sl}b{bi}h{bh}"
+                variants[lab] = (Fused(m, h, i, dev, sl, bi, atomic, block_h=bh), True)
+    return variants
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", required=True)
@@ -176,6 +200,8 @@ def main() -> None:
     p.add_argument("--tokens", type=int, default=16)
     p.add_argument("--rounds", type=int, default=7)
     p.add_argument("--reps", type=int, default=20)
+    p.add_argument("--read-sweep", action="store_true",
+                   help="only the read-only kernels, over programs per SM, block, warps and eviction hint")
     args = p.parse_args()
     k = load_kernel()
     tk_mlp = importlib.import_module(k.__name__ + ".triton_kernels.mlp")
@@ -216,26 +242,20 @@ def main() -> None:
             y = torch.empty(m, h, device=dev, dtype=dt)
             return tk_linear.linear_fwd(y, hbuf[j], wd, None, "none", None)
 
-        variants = {
-            "shipped": (shipped, True),
-            "eager": (eager_mlp, True),
-            "gateup": (gateup_only, False),
-            "down": (down_only, False),
-        }
-        for progs in (sms, 2 * sms):
-            variants[f"read3/p{progs}"] = (lambda x, wg, wu, wd, P=progs: read((wg, wu, wd), sink, P), False)
-            variants[f"read2+read1/p{progs}"] = (
-                lambda x, wg, wu, wd, P=progs: (read((wg, wu), sink, P), read((wd,), sink, P)), False)
-        fused_cfgs = {}
-        sl_even = -(-i // sms + 7) // 8 * 8  # the fewest programs that still fill every SM once
-        for sl, bi in ((64, 64), (32, 32), (sl_even, triton.next_power_of_2(sl_even))):
-            for atomic in (True, False):
-                for bh in (64, 128):
-                    if -(-i // sl) > 2 * sms or sl > bi:
-                        continue
-                    lab = f"fused-{'atomic' if atomic else 'ws'}/s{sl}b{bi}h{bh}"
-                    fused_cfgs[lab] = Fused(m, h, i, dev, sl, bi, atomic, block_h=bh)
-                    variants[lab] = (fused_cfgs[lab], True)
+        if args.read_sweep:
+            variants = {"shipped": (shipped, True)}
+            for per_sm in (2, 4, 8, 16):
+                for block in (2048, 4096, 8192):
+                    for warps in (4, 8):
+                        for ev in ("", "evict_first"):
+                            if block // (32 * warps) > 64:  # more than 128 B per thread per load
+                                continue
+                            lab = f"read3/p{per_sm * sms}b{block}w{warps}{'ef' if ev else ''}"
+                            variants[lab] = (lambda x, wg, wu, wd, P=per_sm * sms, B=block, W=warps, E=ev:
+                                             read((wg, wu, wd), sink, P, B, W, E), False)
+        else:
+            variants = _variants(shipped, gateup_only, down_only, sink, sms, m, h, i, dev)
+
         entries = {}
         for lab, (fn, check) in variants.items():
             try:
