@@ -1,0 +1,280 @@
+"""Decode (M = 16): can the two decode kernels stream their weights at the rate a read-only kernel gets?
+
+decode_fused.py --read-sweep measured one read-only kernel taking Gemma3-1B's 47.8 MB of weights in
+12.95 us (1.13x the large-copy floor) with 8 programs per SM and evict-first loads, while the shipped
+gate+up kernel alone takes 11.3 us for its 31.8 MB (2.8 TB/s). This script times stand-ins for the two
+decode kernels with the knobs the shipped ones lack, alone and as a pair:
+
+- `gu`: the gate+up GeGLU GEMM, optionally split over K (H) with the slices of gate and up summed by the
+  last program of each column tile (deterministic: slice order), then GELU(gate) * up; more programs
+  in flight without a reduction kernel;
+- `dn`: the down GEMM, split over K (I) the same way (the shipped kernel's in-GEMM sum);
+- both with optional `evict_first` on the weight loads (read once per step; x, h and partials stay).
+
+Sections: `gu` screen (one round) then the best `--keep` with the shipped gate+up kernel and a
+read-only floor of the same bytes over `--rounds` interleaved rounds; the same for `dn`; then the best
+3 x 3 pairs (gu then dn, plain launches) against the shipped MLP and eager, checked against float64.
+CUDA graphs of n calls over n weight sets holding at least 4x L2.
+
+    python3 benchmarks/diag/decode_stream.py --out DIR [--shapes gemma3-1b] [--rounds 7]
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import itertools
+import json
+import os
+import statistics
+import sys
+
+import torch
+import triton
+import triton.language as tl
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _diag import SHAPES, copy_gbs, eager_mlp, environment, load_kernel  # noqa: E402
+from decode_fused import read  # noqa: E402
+from decode_pdl import L2_BYTES, graph_of, time_replays  # noqa: E402
+
+
+@triton.jit
+def _gelu_tanh(x):
+    u = 1.5957691216057308 * (x + 0.044715 * x * x * x)
+    return x / (1.0 + tl.exp(-u))
+
+
+@triton.jit
+def _stream_kernel(x_ptr, wa_ptr, wb_ptr, out_ptr, part_ptr, cnt_ptr, M, N, K, K_PER,
+                   stride_xm, stride_wa, stride_wb, stride_om,
+                   GEGLU: tl.constexpr, SPLIT: tl.constexpr, EVICT: tl.constexpr,
+                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """out[M, N] = geglu(x @ wa.T, x @ wb.T) (GEGLU) or x @ wa.T; wa/wb [N, K]; K split in SPLIT slices
+    of K_PER (a multiple of BLOCK_K); partials [2, SPLIT, M, N] fp32; one counter per column tile."""
+    pid_n, pid_s = tl.program_id(0), tl.program_id(1)
+    offs_m = tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    m_ok = offs_m < M
+    n_ok = offs_n < N
+    bn = (offs_n % N).to(tl.int64)
+    rk = tl.arange(0, BLOCK_K)
+    k_lo = pid_s * K_PER
+    acc_a = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    acc_b = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k0 in range(k_lo, k_lo + K_PER, BLOCK_K):
+        k_ok = k0 + rk < K
+        a = tl.load(x_ptr + offs_m[:, None] * stride_xm + (k0 + rk)[None, :],
+                    mask=m_ok[:, None] & k_ok[None, :], other=0.0)
+        wa = tl.load(wa_ptr + bn[None, :] * stride_wa + (k0 + rk)[:, None], mask=k_ok[:, None], other=0.0,
+                     eviction_policy=EVICT)
+        acc_a = tl.dot(a, wa, acc_a)
+        if GEGLU:
+            wb = tl.load(wb_ptr + bn[None, :] * stride_wb + (k0 + rk)[:, None], mask=k_ok[:, None], other=0.0,
+                         eviction_policy=EVICT)
+            acc_b = tl.dot(a, wb, acc_b)
+    mask = m_ok[:, None] & n_ok[None, :]
+    o_ptrs = out_ptr + offs_m[:, None] * stride_om + offs_n[None, :]
+    if SPLIT == 1:
+        if GEGLU:
+            tl.store(o_ptrs, (_gelu_tanh(acc_a) * acc_b).to(out_ptr.dtype.element_ty), mask=mask)
+        else:
+            tl.store(o_ptrs, acc_a.to(out_ptr.dtype.element_ty), mask=mask)
+    else:
+        plane = M * N
+        p_ptrs = part_ptr + offs_m[:, None] * N + offs_n[None, :]
+        tl.store(p_ptrs + pid_s * plane, acc_a, mask=mask)
+        if GEGLU:
+            tl.store(p_ptrs + (SPLIT + pid_s) * plane, acc_b, mask=mask)
+        tl.debug_barrier()
+        if tl.atomic_add(cnt_ptr + pid_n, 1, sem="acq_rel") == SPLIT - 1:
+            sa = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+            sb = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+            for s in range(0, SPLIT):
+                sa += tl.load(p_ptrs + s * plane, mask=mask, other=0.0, cache_modifier=".cg")
+                if GEGLU:
+                    sb += tl.load(p_ptrs + (SPLIT + s) * plane, mask=mask, other=0.0, cache_modifier=".cg")
+            if GEGLU:
+                tl.store(o_ptrs, (_gelu_tanh(sa) * sb).to(out_ptr.dtype.element_ty), mask=mask)
+            else:
+                tl.store(o_ptrs, sa.to(out_ptr.dtype.element_ty), mask=mask)
+            tl.atomic_xchg(cnt_ptr + pid_n, 0)
+
+
+class Stream:
+    """One configured launch of _stream_kernel for fixed (M, N, K); owns its partials and counters."""
+
+    def __init__(self, m, n, k, dev, geglu, bn, bk, split, warps, stages, evict):
+        self.geglu, self.bn, self.bk, self.warps, self.stages, self.evict = geglu, bn, bk, warps, stages, evict
+        k_blocks = triton.cdiv(k, bk)
+        split = max(1, min(split, k_blocks))
+        self.k_per = triton.cdiv(k_blocks, split) * bk
+        self.split = triton.cdiv(k, self.k_per)
+        self.part = torch.empty(2 * self.split * m * n if self.split > 1 else 1, device=dev, dtype=torch.float32)
+        self.cnt = torch.zeros(triton.cdiv(n, bn), device=dev, dtype=torch.int32)
+
+    def __call__(self, out, x, wa, wb=None):
+        m, k = x.shape
+        n = wa.shape[0]
+        wb = wa if wb is None else wb
+        _stream_kernel[(triton.cdiv(n, self.bn), self.split)](
+            x, wa, wb, out, self.part, self.cnt, m, n, k, self.k_per,
+            x.stride(0), wa.stride(0), wb.stride(0), out.stride(0),
+            GEGLU=self.geglu, SPLIT=self.split, EVICT=self.evict, BLOCK_M=16, BLOCK_N=self.bn, BLOCK_K=self.bk,
+            num_warps=self.warps, num_stages=self.stages)
+        return out
+
+
+def label(c: dict) -> str:
+    return (f"{c['bn']}x{c['bk']}w{c['warps']}s{c['stages']}k{c['split']}"
+            + ("ef" if c["evict"] else ""))
+
+
+def candidates(kind: str):
+    splits = (1, 2, 3, 4) if kind == "gu" else (4, 6, 8, 12, 16)
+    for bn, bk, split, warps, ev in itertools.product((16, 32), (128, 256), splits, (2, 4), ("", "evict_first")):
+        if bn == 16 and warps == 4:
+            continue
+        yield {"bn": bn, "bk": bk, "split": split, "warps": warps, "stages": 4 if bk == 128 else 3, "evict": ev}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--out", required=True)
+    p.add_argument("--shapes", default="gemma3-1b")
+    p.add_argument("--tokens", type=int, default=16)
+    p.add_argument("--rounds", type=int, default=7)
+    p.add_argument("--reps", type=int, default=20)
+    p.add_argument("--keep", type=int, default=6)
+    args = p.parse_args()
+    k = load_kernel()
+    tk_mlp = importlib.import_module(k.__name__ + ".triton_kernels.mlp")
+    tk_linear = importlib.import_module(k.__name__ + ".triton_kernels.linear")
+    dev, dt = torch.device("cuda"), torch.bfloat16
+    torch.manual_seed(0)
+    copy_rate = copy_gbs(dev)
+    sms = torch.cuda.get_device_properties(dev).multi_processor_count
+    results = {}
+    for shape in args.shapes.split(","):
+        h, i = SHAPES[shape]
+        m = args.tokens
+        per_set = 3 * h * i * 2
+        n = max(2, -(-4 * L2_BYTES // per_set))
+        sets = [(torch.randn(m, h, device=dev, dtype=dt),
+                 torch.randn(i, h, device=dev, dtype=dt) * h**-0.5,
+                 torch.randn(i, h, device=dev, dtype=dt) * h**-0.5,
+                 torch.randn(h, i, device=dev, dtype=dt) * i**-0.5) for _ in range(n)]
+        refs = [eager_mlp(*(t.double() for t in s)) for s in sets]
+        hrefs = [torch.nn.functional.gelu(s[0].double() @ s[1].double().T, approximate="tanh")
+                 * (s[0].double() @ s[2].double().T) for s in sets]
+        hbufs = [r.to(dt) for r in hrefs]  # the down GEMM's input, one per set (the graph rotates sets)
+        sink = torch.empty(16 * sms, device=dev, dtype=torch.float32)
+        rotate = {"j": 0}
+
+        def next_set() -> int:
+            j = rotate["j"] % n
+            rotate["j"] += 1
+            return j
+
+        def shipped_gu(x, wg, wu, wd):
+            return tk_mlp.gateup_fwd(torch.empty(m, i, device=dev, dtype=dt), x, wg, wu, None, None, "tanh",
+                                     None, None)
+
+        def shipped_dn(x, wg, wu, wd):
+            return tk_linear.linear_fwd(torch.empty(m, h, device=dev, dtype=dt), hbufs[next_set()], wd, None,
+                                        "none", None)
+
+        def rel_err(outs, want):
+            return max(((o.double() - r).abs().max() / r.abs().max()).item() for o, r in zip(outs, want))
+
+        def build(fn, want=None):
+            try:
+                rotate["j"] = 0
+                g, outs = graph_of(fn, sets)
+            except Exception as e:  # a config Triton cannot compile here: recorded, skipped
+                return {"error": f"{type(e).__name__}: {str(e)[:200]}"}
+            return {"graph": g, "rel_err": rel_err(outs, want) if want is not None else None}
+
+        def timed(entries: dict, rounds: int) -> dict:
+            live = {lab: e for lab, e in entries.items() if "graph" in e}
+            times = {lab: [] for lab in live}
+            for r in range(rounds):
+                for lab in (list(live) if r % 2 == 0 else list(reversed(live))):
+                    times[lab] += [t / n for t in time_replays(live[lab]["graph"], args.reps)]
+            out = {}
+            for lab, e in entries.items():
+                if lab not in times:
+                    out[lab] = {"error": e["error"]}
+                    continue
+                t = sorted(times[lab])
+                out[lab] = {"median_us": statistics.median(t), "p20_us": t[len(t) // 5],
+                            "p80_us": t[4 * len(t) // 5], "rel_err": e["rel_err"]}
+            return out
+
+        shape_res = {"H": h, "I": i, "tokens": m, "n_sets": n, "floor_us": per_set / (copy_rate * 1e9) * 1e6}
+        best = {}
+        for kind in ("gu", "dn"):
+            cfgs = {label(c): c for c in candidates(kind)}
+            entries = {}
+            for lab, c in cfgs.items():
+                if kind == "gu":
+                    st = Stream(m, i, h, dev, True, c["bn"], c["bk"], c["split"], c["warps"], c["stages"], c["evict"])
+                    fn = (lambda x, wg, wu, wd, st=st: st(torch.empty(m, i, device=dev, dtype=dt), x, wg, wu))
+                    want = hrefs
+                else:
+                    st = Stream(m, h, i, dev, False, c["bn"], c["bk"], c["split"], c["warps"], c["stages"], c["evict"])
+                    fn = (lambda x, wg, wu, wd, st=st: st(torch.empty(m, h, device=dev, dtype=dt),
+                                                          hbufs[next_set()], wd))
+                    want = [hb.double() @ s[3].double().T for hb, s in zip(hbufs, sets)]
+                entries[lab] = build(fn, want)
+                entries[lab]["cfg"] = c
+            screen = timed(entries, 1)
+            keep = [lab for _, lab in sorted((v["median_us"], lab) for lab, v in screen.items() if "median_us" in v)]
+            keep = keep[: args.keep]
+            finals = {lab: entries[lab] for lab in keep}
+            finals["shipped"] = build(shipped_gu if kind == "gu" else shipped_dn)
+            if kind == "gu":
+                finals["read-floor"] = build(lambda x, wg, wu, wd: read((wg, wu), sink, 8 * sms, 2048, 8, "evict_first"))
+            else:
+                finals["read-floor"] = build(lambda x, wg, wu, wd: read((wd,), sink, 8 * sms, 2048, 8, "evict_first"))
+            rounds = timed(finals, args.rounds)
+            shape_res[kind] = {"screen": screen, "rounds": rounds, "configs": {lab: cfgs[lab] for lab in keep}}
+            best[kind] = [(lab, cfgs[lab]) for lab in
+                          sorted((lab for lab in keep), key=lambda lab: rounds[lab]["median_us"])[:3]]
+            print(f"{shape} {kind}: " + " | ".join(f"{lab} {v['median_us']:.2f}" for lab, v in
+                                                   sorted(rounds.items(), key=lambda kv: kv[1].get("median_us", 1e9))),
+                  flush=True)
+            for e in entries.values():
+                e.pop("graph", None)
+            torch.cuda.empty_cache()
+        pairs = {"shipped": build(lambda x, wg, wu, wd: k.geglu_mlp(x, wg, wu, wd, backend="triton"), refs),
+                 "eager": build(eager_mlp, refs)}
+        for (gl, gc), (dl, dc) in itertools.product(best["gu"], best["dn"]):
+            gu = Stream(m, i, h, dev, True, gc["bn"], gc["bk"], gc["split"], gc["warps"], gc["stages"], gc["evict"])
+            dn = Stream(m, h, i, dev, False, dc["bn"], dc["bk"], dc["split"], dc["warps"], dc["stages"], dc["evict"])
+
+            def pair(x, wg, wu, wd, gu=gu, dn=dn):
+                hid = gu(torch.empty(m, i, device=dev, dtype=dt), x, wg, wu)
+                return dn(torch.empty(m, h, device=dev, dtype=dt), hid, wd)
+
+            pairs[f"{gl}+{dl}"] = build(pair, refs)
+        pairs["read3-floor"] = build(lambda x, wg, wu, wd: read((wg, wu, wd), sink, 8 * sms, 2048, 8, "evict_first"))
+        shape_res["pairs"] = timed(pairs, args.rounds)
+        results[shape] = shape_res
+        print(f"{shape}: floor {shape_res['floor_us']:.2f} us", flush=True)
+        for lab, v in sorted(shape_res["pairs"].items(), key=lambda kv: kv[1].get("median_us", 1e9)):
+            if "median_us" in v:
+                err = "" if v["rel_err"] is None else f"  err {v['rel_err']:.2e}"
+                print(f"   {v['median_us']:7.2f} [{v['p20_us']:.2f}-{v['p80_us']:.2f}]  {lab}{err}")
+            else:
+                print(f"   ---- {lab}: {v['error'][:100]}")
+        del sets, refs, hrefs, hbufs
+        torch.cuda.empty_cache()
+    env = {**environment(), "copy_gbs": copy_rate, "args": vars(args)}
+    os.makedirs(args.out, exist_ok=True)
+    with open(os.path.join(args.out, "decode-stream.json"), "w") as f:
+        json.dump({"env": env, "rows": results}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
