@@ -221,3 +221,53 @@ def test_object_cache_key_covers_compiler_and_cutlass_headers(tmp_path, monkeypa
         obj = work / "k.o"
         builder._run_cached(cmd, "compiled k", cache, "torch X")
     assert len(runs) == 6, "the second scratch folder reused the first one's object; the third did not"
+
+
+def test_object_cache_key_covers_repository_headers_outside_the_source_folder(tmp_path, monkeypatch):
+    """A kernel source may include a header from another folder of the repository (mlp_gemm.cpp
+    includes torch-ext/torch_binding.h): changing that header must compile the source again, while
+    headers outside the repository's source folders (torch, CUTLASS) are left to the key's versions."""
+    from fused_geglu_tools import builder
+
+    runs = []
+
+    def fake_run(cmd, what):
+        runs.append(what)
+        with open(cmd[cmd.index("-o") + 1], "w") as f:
+            f.write(f"object {len(runs)}")
+
+    monkeypatch.setattr(builder, "_run", fake_run)
+    monkeypatch.setattr(builder, "_compiler_version", lambda exe: "cc 1.0")
+    root = tmp_path / "repo"
+    src_dir, binding, vendor = root / "kernel_src" / "k", root / "torch-ext", tmp_path / "vendor"
+    for d in (src_dir, binding, vendor / "lib"):
+        d.mkdir(parents=True)
+    (src_dir / "k.cpp").write_text('#include "binding.h"\n#include "lib/v.h"\n')
+    (binding / "binding.h").write_text('#pragma once\n  #  include "more.h"\n')
+    (binding / "more.h").write_text("// v1")
+    (vendor / "lib" / "v.h").write_text("// vendor v1")
+    local = (binding, root / "kernel_src")
+    cache, obj = tmp_path / "objcache", tmp_path / "scratch" / "k.o"  # the build's scratch folder
+    obj.parent.mkdir()
+    cmd = ["cc", "-c", f"-I{binding}", f"-I{vendor}", str(src_dir / "k.cpp"), "-o", str(obj)]
+    assert builder._local_headers(src_dir / "k.cpp", [binding, vendor], local) == [
+        (binding / "binding.h").resolve(), (binding / "more.h").resolve()]
+
+    def compile_once():
+        builder._run_cached(cmd, "compiled k", cache, "torch X", local)
+        return obj.read_text()
+
+    assert compile_once() == "object 1"
+    assert compile_once() == "object 1", "nothing changed: the cached object"
+    (binding / "more.h").write_text("// v2")
+    assert compile_once() == "object 2", "a header the binding header includes changed: compiled again"
+    (binding / "binding.h").write_text('#pragma once\n#include "more.h"\n// edited\n')
+    assert compile_once() == "object 3", "the included binding header changed: compiled again"
+    (vendor / "lib" / "v.h").write_text("// vendor v2")
+    assert compile_once() == "object 3" and len(runs) == 3, "a vendor header is not the repository's"
+    # Without any repository header outside its folder, a source's key is what it was before
+    # `local` existed, so objects cached by earlier builds stay valid.
+    (src_dir / "k.cpp").write_text("// no includes\n")
+    builder._run_cached(cmd, "compiled k", cache, "torch X", local)
+    builder._run_cached(cmd, "compiled k", cache, "torch X")
+    assert len(runs) == 4, "the key with no outside headers equals the key without `local`"

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -98,17 +99,54 @@ def _compiler_version(exe: str) -> str:
         return ""
 
 
-def _run_cached(cmd: list[str], what: str, cache: Path, salt: str) -> None:
+_QUOTED_INCLUDE = re.compile(r'^[ \t]*#[ \t]*include[ \t]*"([^"]+)"', re.M)
+
+
+def _local_headers(src: Path, include_dirs: list[Path], local: tuple[Path, ...]) -> list[Path]:
+    """The repository headers outside ``src``'s folder that ``src`` reaches through quoted includes,
+    resolved as the compiler resolves them (the including file's folder, then the -I folders in
+    order). Only files under ``local`` (this repository's source folders) are followed: torch's and
+    CUTLASS's headers are covered by the key's versions, the generated ones by their contents.
+    A kernel source may include the binding's header (kernel_src/geglu_cuda/mlp_gemm.cpp includes
+    torch_binding.h): a key of the source's folder alone would reuse a stale object after it changed."""
+    roots = tuple(r.resolve() for r in local)
+    home = src.parent.resolve()
+    seen: set[Path] = set()
+    found: list[Path] = []
+    todo = [src]
+    while todo:
+        f = todo.pop()
+        try:
+            text = f.read_text(errors="replace")
+        except OSError:
+            continue
+        for name in _QUOTED_INCLUDE.findall(text):
+            for d in (f.parent, *include_dirs):
+                if (d / name).is_file():
+                    hit = (d / name).resolve()
+                    break
+            else:
+                continue  # not found here: the compiler will say so
+            if hit in seen or not any(hit.is_relative_to(r) for r in roots):
+                continue
+            seen.add(hit)
+            todo.append(hit)
+            if hit.parent != home:
+                found.append(hit)
+    return sorted(found)
+
+
+def _run_cached(cmd: list[str], what: str, cache: Path, salt: str, local: tuple[Path, ...] = ()) -> None:
     """Compile, reusing an object from ``build/.objcache`` when nothing that feeds it changed.
 
     Only kernel sources are cached: the binding (torch-ext/) is compiled with the ops id, which
     changes with every commit, and compiles in seconds. The key covers the torch version
     (``salt``), the compiler's ``--version``, the command line without the ops id and with the
     build's scratch folder as a placeholder (its generated headers by content), every file in
-    the source's folder (the headers a kernel source includes from this repository live beside
-    it), and the CUTLASS version header of any include folder that has one (the cache outlives a
-    machine when carried between device calls, and the headers' wheel may change under the same
-    include path).
+    the source's folder, the repository headers elsewhere that it includes (``local``: the
+    repository's source folders; ``_local_headers``), and the CUTLASS version header of any
+    include folder that has one (the cache outlives a machine when carried between device calls,
+    and the headers' wheel may change under the same include path).
     """
     src, obj = Path(cmd[cmd.index("-o") - 1]), Path(cmd[cmd.index("-o") + 1])
     if "torch-ext" in src.parts:
@@ -123,6 +161,12 @@ def _run_cached(cmd: list[str], what: str, cache: Path, salt: str) -> None:
     for dep in sorted(src.parent.iterdir()):
         if dep.is_file():
             h.update(dep.name.encode() + dep.read_bytes())
+    if local:
+        inc_dirs = [Path(a[2:]) for a in cmd if a.startswith("-I") and not a[2:].startswith(work)]
+        for dep in _local_headers(src, inc_dirs, local):
+            # Named by the path below its source folder, so the key is the same in any checkout.
+            rel = next(str(dep.relative_to(r.resolve())) for r in local if dep.is_relative_to(r.resolve()))
+            h.update(rel.encode() + dep.read_bytes())
     for arg in cmd:
         inc = Path(arg[2:]) if arg.startswith("-I") else None
         if inc is None:
@@ -194,7 +238,8 @@ def _compile_shared_object(
         import torch
 
         salt = f"torch {torch.__version__} cuda {tc.torch_cuda}"
-        futures = [pool.submit(_run_cached, cmd, what, cache, salt) for cmd, what in jobs]
+        local = (root / "torch-ext", root / "kernel_src")
+        futures = [pool.submit(_run_cached, cmd, what, cache, salt, local) for cmd, what in jobs]
         errors = []
         for fut in futures:
             try:
