@@ -9,7 +9,10 @@ decode kernels with the knobs the shipped ones lack, alone and as a pair:
   last program of each column tile (deterministic: slice order), then GELU(gate) * up; more programs
   in flight without a reduction kernel;
 - `dn`: the down GEMM, split over K (I) the same way (the shipped kernel's in-GEMM sum);
-- both with optional `evict_first` on the weight loads (read once per step; x, h and partials stay).
+- both with optional `evict_first` on the weight loads (read once per step; x, h and partials stay);
+- `--prefetch`: the gate+up kernel also reads w_down (its share per program, a chunk per K step) with an
+  `evict_last` hint, so that the down GEMM finds it in L2 (where it fits: 15.9 MB at Gemma3-1B). The PDL
+  prefetch of 85f3c03 lost because the gate+up stream evicted the lines first (triton_kernels/pdl.py).
 
 Sections: `gu` screen (one round) then the best `--keep` with the shipped gate+up kernel and a
 read-only floor of the same bytes over `--rounds` interleaved rounds; the same for `dn`; then the best
@@ -49,10 +52,18 @@ def _gelu_tanh(x):
 def _stream_kernel(x_ptr, wa_ptr, wb_ptr, out_ptr, part_ptr, cnt_ptr, M, N, K, K_PER,
                    stride_xm, stride_wa, stride_wb, stride_om,
                    GEGLU: tl.constexpr, SPLIT: tl.constexpr, EVICT: tl.constexpr,
-                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                   pf_ptr=None, pf_n=0, pf_sink=None, PF: tl.constexpr = False, PF_BLOCK: tl.constexpr = 16,
+                   PF_EVICT: tl.constexpr = "evict_last"):
     """out[M, N] = geglu(x @ wa.T, x @ wb.T) (GEGLU) or x @ wa.T; wa/wb [N, K]; K split in SPLIT slices
-    of K_PER (a multiple of BLOCK_K); partials [2, SPLIT, M, N] fp32; one counter per column tile."""
+    of K_PER (a multiple of BLOCK_K); partials [2, SPLIT, M, N] fp32; one counter per column tile.
+    PF: each program also reads its share of the flat tensor pf_ptr[pf_n] (PF_BLOCK elements per K
+    step, with the PF_EVICT hint) so that the next kernel finds it in L2 (the down weight)."""
     pid_n, pid_s = tl.program_id(0), tl.program_id(1)
+    if PF:
+        pf_steps = tl.cdiv(K_PER, BLOCK_K)
+        pf_off = (pid_s * tl.num_programs(0) + pid_n).to(tl.int64) * pf_steps * PF_BLOCK + tl.arange(0, PF_BLOCK)
+        pf_acc = tl.zeros((PF_BLOCK,), dtype=tl.float32)
     offs_m = tl.arange(0, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     m_ok = offs_m < M
@@ -69,10 +80,16 @@ def _stream_kernel(x_ptr, wa_ptr, wb_ptr, out_ptr, part_ptr, cnt_ptr, M, N, K, K
         wa = tl.load(wa_ptr + bn[None, :] * stride_wa + (k0 + rk)[:, None], mask=k_ok[:, None], other=0.0,
                      eviction_policy=EVICT)
         acc_a = tl.dot(a, wa, acc_a)
+        if PF:
+            pf_acc += tl.load(pf_ptr + pf_off, mask=pf_off < pf_n, other=0.0,
+                              eviction_policy=PF_EVICT).to(tl.float32)
+            pf_off += PF_BLOCK
         if GEGLU:
             wb = tl.load(wb_ptr + bn[None, :] * stride_wb + (k0 + rk)[:, None], mask=k_ok[:, None], other=0.0,
                          eviction_policy=EVICT)
             acc_b = tl.dot(a, wb, acc_b)
+    if PF:
+        tl.store(pf_sink + pid_s * tl.num_programs(0) + pid_n, tl.sum(pf_acc))
     mask = m_ok[:, None] & n_ok[None, :]
     o_ptrs = out_ptr + offs_m[:, None] * stride_om + offs_n[None, :]
     if SPLIT == 1:
@@ -113,15 +130,23 @@ class Stream:
         self.part = torch.empty(2 * self.split * m * n if self.split > 1 else 1, device=dev, dtype=torch.float32)
         self.cnt = torch.zeros(triton.cdiv(n, bn), device=dev, dtype=torch.int32)
 
-    def __call__(self, out, x, wa, wb=None):
+    def __call__(self, out, x, wa, wb=None, prefetch=None, pf_evict="evict_last"):
         m, k = x.shape
         n = wa.shape[0]
         wb = wa if wb is None else wb
-        _stream_kernel[(triton.cdiv(n, self.bn), self.split)](
+        grid = (triton.cdiv(n, self.bn), self.split)
+        pf = {}
+        if prefetch is not None:
+            programs, steps = grid[0] * grid[1], triton.cdiv(self.k_per, self.bk)
+            block = triton.next_power_of_2(triton.cdiv(prefetch.numel(), programs * steps))
+            sink = torch.empty(programs, device=x.device, dtype=torch.float32)
+            pf = dict(pf_ptr=prefetch, pf_n=prefetch.numel(), pf_sink=sink, PF=True, PF_BLOCK=block,
+                      PF_EVICT=pf_evict)
+        _stream_kernel[grid](
             x, wa, wb, out, self.part, self.cnt, m, n, k, self.k_per,
             x.stride(0), wa.stride(0), wb.stride(0), out.stride(0),
             GEGLU=self.geglu, SPLIT=self.split, EVICT=self.evict, BLOCK_M=16, BLOCK_N=self.bn, BLOCK_K=self.bk,
-            num_warps=self.warps, num_stages=self.stages)
+            num_warps=self.warps, num_stages=self.stages, **pf)
         return out
 
 
@@ -146,6 +171,9 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=7)
     p.add_argument("--reps", type=int, default=20)
     p.add_argument("--keep", type=int, default=6)
+    p.add_argument("--prefetch", action="store_true",
+                   help="no screens: the best pairs of a754502, with and without the gate+up kernel reading "
+                        "w_down into L2 (evict_last / evict_normal) for the down GEMM")
     args = p.parse_args()
     k = load_kernel()
     tk_mlp = importlib.import_module(k.__name__ + ".triton_kernels.mlp")
@@ -213,7 +241,14 @@ def main() -> None:
 
         shape_res = {"H": h, "I": i, "tokens": m, "n_sets": n, "floor_us": per_set / (copy_rate * 1e9) * 1e6}
         best = {}
-        for kind in ("gu", "dn"):
+        if args.prefetch:  # the two best of each from decode-stream-h200-a754502.json, no screen
+            best = {"gu": [(label(c), c) for c in (
+                        {"bn": 32, "bk": 128, "split": 1, "warps": 2, "stages": 4, "evict": ""},
+                        {"bn": 32, "bk": 128, "split": 1, "warps": 2, "stages": 4, "evict": "evict_first"})],
+                    "dn": [(label(c), c) for c in (
+                        {"bn": 32, "bk": 256, "split": 8, "warps": 4, "stages": 3, "evict": ""},
+                        {"bn": 32, "bk": 128, "split": 6, "warps": 4, "stages": 4, "evict": ""})]}
+        for kind in () if args.prefetch else ("gu", "dn"):
             cfgs = {label(c): c for c in candidates(kind)}
             entries = {}
             for lab, c in cfgs.items():
@@ -249,15 +284,18 @@ def main() -> None:
             torch.cuda.empty_cache()
         pairs = {"shipped": build(lambda x, wg, wu, wd: k.geglu_mlp(x, wg, wu, wd, backend="triton"), refs),
                  "eager": build(eager_mlp, refs)}
-        for (gl, gc), (dl, dc) in itertools.product(best["gu"], best["dn"]):
+        prefetches = ("none", "evict_last", "evict_normal") if args.prefetch else ("none",)
+        for (gl, gc), (dl, dc), pf in itertools.product(best["gu"], best["dn"], prefetches):
             gu = Stream(m, i, h, dev, True, gc["bn"], gc["bk"], gc["split"], gc["warps"], gc["stages"], gc["evict"])
             dn = Stream(m, h, i, dev, False, dc["bn"], dc["bk"], dc["split"], dc["warps"], dc["stages"], dc["evict"])
 
-            def pair(x, wg, wu, wd, gu=gu, dn=dn):
-                hid = gu(torch.empty(m, i, device=dev, dtype=dt), x, wg, wu)
+            def pair(x, wg, wu, wd, gu=gu, dn=dn, pf=pf):
+                # pf: the gate+up kernel also reads w_down with this L2 hint, for the down GEMM to find
+                hid = gu(torch.empty(m, i, device=dev, dtype=dt), x, wg, wu,
+                         prefetch=None if pf == "none" else wd, pf_evict="" if pf == "evict_normal" else pf)
                 return dn(torch.empty(m, h, device=dev, dtype=dt), hid, wd)
 
-            pairs[f"{gl}+{dl}"] = build(pair, refs)
+            pairs[f"{gl}+{dl}" + ("" if pf == "none" else f"+pf-{pf}")] = build(pair, refs)
         pairs["read3-floor"] = build(lambda x, wg, wu, wd: read((wg, wu, wd), sink, 8 * sms, 2048, 8, "evict_first"))
         shape_res["pairs"] = timed(pairs, args.rounds)
         results[shape] = shape_res
