@@ -13,6 +13,8 @@ decode kernels with the knobs the shipped ones lack, alone and as a pair:
 - `--prefetch`: the gate+up kernel also reads w_down (its share per program, a chunk per K step) with an
   `evict_last` hint, so that the down GEMM finds it in L2 (where it fits: 15.9 MB at Gemma3-1B). The PDL
   prefetch of 85f3c03 lost because the gate+up stream evicted the lines first (triton_kernels/pdl.py).
+  At 2d5ac0d the share was read into registers (`evict_last` / normal loads): 37-38 us per MLP, the loop
+  waiting on each load; since then `asm`: one `prefetch.global.L2::evict_last` per 128-byte line.
 
 Sections: `gu` screen (one round) then the best `--keep` with the shipped gate+up kernel and a
 read-only floor of the same bytes over `--rounds` interleaved rounds; the same for `dn`; then the best
@@ -54,7 +56,7 @@ def _stream_kernel(x_ptr, wa_ptr, wb_ptr, out_ptr, part_ptr, cnt_ptr, M, N, K, K
                    GEGLU: tl.constexpr, SPLIT: tl.constexpr, EVICT: tl.constexpr,
                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                    pf_ptr=None, pf_n=0, pf_sink=None, PF: tl.constexpr = False, PF_BLOCK: tl.constexpr = 16,
-                   PF_EVICT: tl.constexpr = "evict_last"):
+                   PF_EVICT: tl.constexpr = "evict_last", PF_ASM: tl.constexpr = False):
     """out[M, N] = geglu(x @ wa.T, x @ wb.T) (GEGLU) or x @ wa.T; wa/wb [N, K]; K split in SPLIT slices
     of K_PER (a multiple of BLOCK_K); partials [2, SPLIT, M, N] fp32; one counter per column tile.
     PF: each program also reads its share of the flat tensor pf_ptr[pf_n] (PF_BLOCK elements per K
@@ -62,8 +64,11 @@ def _stream_kernel(x_ptr, wa_ptr, wb_ptr, out_ptr, part_ptr, cnt_ptr, M, N, K, K
     pid_n, pid_s = tl.program_id(0), tl.program_id(1)
     if PF:
         pf_steps = tl.cdiv(K_PER, BLOCK_K)
-        pf_off = (pid_s * tl.num_programs(0) + pid_n).to(tl.int64) * pf_steps * PF_BLOCK + tl.arange(0, PF_BLOCK)
-        pf_acc = tl.zeros((PF_BLOCK,), dtype=tl.float32)
+        PF_LANES: tl.constexpr = PF_BLOCK // 64 if PF_ASM else PF_BLOCK  # PF_ASM: one lane per 64 elements
+        PF_STEP: tl.constexpr = PF_BLOCK
+        pf_off = ((pid_s * tl.num_programs(0) + pid_n).to(tl.int64) * pf_steps * PF_BLOCK
+                  + tl.arange(0, PF_LANES) * (64 if PF_ASM else 1))
+        pf_acc = tl.zeros((PF_LANES,), dtype=tl.float32)
     offs_m = tl.arange(0, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     m_ok = offs_m < M
@@ -81,9 +86,17 @@ def _stream_kernel(x_ptr, wa_ptr, wb_ptr, out_ptr, part_ptr, cnt_ptr, M, N, K, K
                      eviction_policy=EVICT)
         acc_a = tl.dot(a, wa, acc_a)
         if PF:
-            pf_acc += tl.load(pf_ptr + pf_off, mask=pf_off < pf_n, other=0.0,
-                              eviction_policy=PF_EVICT).to(tl.float32)
-            pf_off += PF_BLOCK
+            if PF_ASM:
+                # One L2 prefetch per 128-byte line, no register written (a load into registers stalls
+                # the loop on its latency: 37-38 us per MLP at 2d5ac0d).
+                lines = pf_off
+                pf_acc += tl.inline_asm_elementwise(
+                    "prefetch.global.L2::evict_last [$1];\n\tmov.u32 $0, 0;", "=r,l",
+                    [pf_ptr + tl.minimum(lines, pf_n - 1)], dtype=tl.int32, is_pure=False, pack=1).to(tl.float32)
+            else:
+                pf_acc += tl.load(pf_ptr + pf_off, mask=pf_off < pf_n, other=0.0,
+                                  eviction_policy=PF_EVICT).to(tl.float32)
+            pf_off += PF_STEP
         if GEGLU:
             wb = tl.load(wb_ptr + bn[None, :] * stride_wb + (k0 + rk)[:, None], mask=k_ok[:, None], other=0.0,
                          eviction_policy=EVICT)
@@ -140,8 +153,9 @@ class Stream:
             programs, steps = grid[0] * grid[1], triton.cdiv(self.k_per, self.bk)
             block = triton.next_power_of_2(triton.cdiv(prefetch.numel(), programs * steps))
             sink = torch.empty(programs, device=x.device, dtype=torch.float32)
-            pf = dict(pf_ptr=prefetch, pf_n=prefetch.numel(), pf_sink=sink, PF=True, PF_BLOCK=block,
-                      PF_EVICT=pf_evict)
+            asm = pf_evict == "asm"
+            pf = dict(pf_ptr=prefetch, pf_n=prefetch.numel(), pf_sink=sink, PF=True, PF_BLOCK=max(block, 64 * 32) if asm else block,
+                      PF_EVICT="" if asm else pf_evict, PF_ASM=asm)
         _stream_kernel[grid](
             x, wa, wb, out, self.part, self.cnt, m, n, k, self.k_per,
             x.stride(0), wa.stride(0), wb.stride(0), out.stride(0),
@@ -284,7 +298,7 @@ def main() -> None:
             torch.cuda.empty_cache()
         pairs = {"shipped": build(lambda x, wg, wu, wd: k.geglu_mlp(x, wg, wu, wd, backend="triton"), refs),
                  "eager": build(eager_mlp, refs)}
-        prefetches = ("none", "evict_last", "evict_normal") if args.prefetch else ("none",)
+        prefetches = ("none", "asm") if args.prefetch else ("none",)
         for (gl, gc), (dl, dc), pf in itertools.product(best["gu"], best["dn"], prefetches):
             gu = Stream(m, i, h, dev, True, gc["bn"], gc["bk"], gc["split"], gc["warps"], gc["stages"], gc["evict"])
             dn = Stream(m, h, i, dev, False, dc["bn"], dc["bk"], dc["split"], dc["warps"], dc["stages"], dc["evict"])
