@@ -13,7 +13,7 @@ decode kernels with the knobs the shipped ones lack, alone and as a pair:
 - `--prefetch`: the gate+up kernel also reads w_down (its share per program, a chunk per K step) with an
   `evict_last` hint, so that the down GEMM finds it in L2 (where it fits: 15.9 MB at Gemma3-1B). The PDL
   prefetch of 85f3c03 lost because the gate+up stream evicted the lines first (triton_kernels/pdl.py).
-  At 2d5ac0d the share was read into registers (`evict_last` / normal loads): 37-38 us per MLP, the loop
+  At b939f9a the share was read into registers (`evict_last` / normal loads): 37-38 us per MLP, the loop
   waiting on each load; since then `asm`: one `prefetch.global.L2::evict_last` per 128-byte line.
 
 Sections: `gu` screen (one round) then the best `--keep` with the shipped gate+up kernel and a
@@ -88,7 +88,7 @@ def _stream_kernel(x_ptr, wa_ptr, wb_ptr, out_ptr, part_ptr, cnt_ptr, M, N, K, K
         if PF:
             if PF_ASM:
                 # One L2 prefetch per 128-byte line, no register written (a load into registers stalls
-                # the loop on its latency: 37-38 us per MLP at 2d5ac0d).
+                # the loop on its latency: 37-38 us per MLP at b939f9a).
                 lines = pf_off
                 pf_acc += tl.inline_asm_elementwise(
                     "prefetch.global.L2::evict_last [$1];\n\tmov.u32 $0, 0;", "=r,l",
