@@ -4,7 +4,9 @@ recorded with the results."""
 
 from __future__ import annotations
 
+import argparse
 import importlib
+import json
 import os
 import statistics
 import subprocess
@@ -87,3 +89,68 @@ def environment() -> dict:
     return {"device": torch.cuda.get_device_name(), "driver": driver, "torch": torch.__version__,
             "cuda": torch.version.cuda, "triton": importlib.import_module("triton").__version__,
             "commit": os.environ.get("FUSED_GEGLU_COMMIT", "")}
+
+
+# L2 of the H200 rounded up (50 MB on the data sheet): decode weight sets total at least 4x this.
+L2_BYTES = 60 << 20
+
+
+def decode_weight_sets(h: int, i: int, tokens: int, device, dtype):
+    """(sets, bytes of one set's weights, float64 eager outputs): n (x, w_gate, w_up, w_down) sets,
+    together at least 4x L2, so that a CUDA graph calling the MLP once per set reads every set's weights
+    from DRAM, as a decode step does."""
+    per_set = 3 * h * i * torch.finfo(dtype).bits // 8
+    n = max(2, -(-4 * L2_BYTES // per_set))
+    sets = [(torch.randn(tokens, h, device=device, dtype=dtype),
+             torch.randn(i, h, device=device, dtype=dtype) * h**-0.5,
+             torch.randn(i, h, device=device, dtype=dtype) * h**-0.5,
+             torch.randn(h, i, device=device, dtype=dtype) * i**-0.5) for _ in range(n)]
+    return sets, per_set, [eager_mlp(*(t.double() for t in s)) for s in sets]
+
+
+def decode_setup():
+    """(kernel, its Triton mlp and linear modules, the CUDA device, copy rate in GB/s, SM count); seeded."""
+    k = load_kernel()
+    tk_mlp = importlib.import_module(k.__name__ + ".triton_kernels.mlp")
+    tk_linear = importlib.import_module(k.__name__ + ".triton_kernels.linear")
+    dev = torch.device("cuda")
+    torch.manual_seed(0)
+    return k, tk_mlp, tk_linear, dev, copy_gbs(dev), torch.cuda.get_device_properties(dev).multi_processor_count
+
+
+def print_timed(rows: dict, floor_us: float | None = None) -> None:
+    """One line per timed variant, fastest first: median [p20-p80], x floor, label, error."""
+    for lab, v in sorted(rows.items(), key=lambda kv: kv[1].get("median_us", 1e9)):
+        if "median_us" not in v:
+            print(f"   ---- {lab}: {v.get('error', '')[:100]}")
+            continue
+        err = "" if v.get("rel_err") is None else f"  err {v['rel_err']:.2e}"
+        of = "" if not floor_us else f" {v['median_us'] / floor_us:.2f}x"
+        print(f"   {v['median_us']:7.2f} [{v['p20_us']:.2f}-{v['p80_us']:.2f}]{of}  {lab}{err}")
+
+
+def save_results(out_dir: str, name: str, rows: dict, copy_rate: float, args) -> None:
+    """out_dir/name: the environment (with the copy rate and the arguments) and the rows."""
+    env = {**environment(), "copy_gbs": copy_rate, "args": vars(args)}
+    os.makedirs(out_dir, exist_ok=True)
+    with open(os.path.join(out_dir, name), "w") as f:
+        json.dump({"env": env, "rows": rows}, f, indent=1)
+
+
+def decode_parser(doc: str) -> argparse.ArgumentParser:
+    """The arguments every decode script takes: --out, --shapes, --tokens, --rounds, --reps."""
+    p = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--out", required=True)
+    p.add_argument("--shapes", default="gemma3-1b")
+    p.add_argument("--tokens", type=int, default=16)
+    p.add_argument("--rounds", type=int, default=7)
+    p.add_argument("--reps", type=int, default=20)
+    return p
+
+
+def decode_shapes(args, device, dtype):
+    """(shape, H, I, weight sets, bytes per set, float64 outputs) for each of ``args.shapes`` in turn
+    (``decode_weight_sets`` at ``args.tokens``); a shape's sets are made only when its turn comes."""
+    for shape in args.shapes.split(","):
+        h, i = SHAPES[shape]
+        yield (shape, h, i, *decode_weight_sets(h, i, args.tokens, device, dtype))

@@ -26,9 +26,6 @@ come from DRAM, as in a decode step); µs per call, `--rounds` interleaved round
 
 from __future__ import annotations
 
-import argparse
-import importlib
-import json
 import os
 import statistics
 import sys
@@ -38,8 +35,26 @@ import triton
 import triton.language as tl
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _diag import SHAPES, copy_gbs, eager_mlp, environment, load_kernel  # noqa: E402
-from decode_pdl import L2_BYTES, graph_of, time_replays  # noqa: E402
+from _diag import (  # noqa: E402
+    decode_parser, decode_setup, decode_shapes, eager_mlp, print_timed, save_results,
+)
+from decode_pdl import graph_of, time_replays  # noqa: E402
+
+
+@triton.jit
+def _chunk_sum(ptr, n, pid, CHUNK, BLOCK: tl.constexpr, EVICT: tl.constexpr):
+    """fp32 sums (per lane) of elements [pid*CHUNK, (pid+1)*CHUNK) of the flat tensor ptr[n], two
+    independent BLOCK loads per step."""
+    acc = tl.zeros((BLOCK,), dtype=tl.float32)
+    offs = tl.arange(0, BLOCK)
+    start = pid.to(tl.int64) * CHUNK
+    for s in range(0, CHUNK, 2 * BLOCK):
+        o0 = start + s + offs
+        o1 = o0 + BLOCK
+        v0 = tl.load(ptr + o0, mask=(o0 < n) & (s + offs < CHUNK), other=0.0, eviction_policy=EVICT)
+        v1 = tl.load(ptr + o1, mask=(o1 < n) & (s + BLOCK + offs < CHUNK), other=0.0, eviction_policy=EVICT)
+        acc += v0.to(tl.float32) + v1.to(tl.float32)
+    return acc
 
 
 @triton.jit
@@ -47,31 +62,11 @@ def _read_kernel(a_ptr, b_ptr, c_ptr, out_ptr, na, nb, nc, CHUNK_A, CHUNK_B, CHU
                  HAS_B: tl.constexpr, HAS_C: tl.constexpr, BLOCK: tl.constexpr, EVICT: tl.constexpr):
     """Program p reads elements [p*CHUNK, (p+1)*CHUNK) of each flat tensor and stores one sum."""
     pid = tl.program_id(0)
-    acc = tl.zeros((BLOCK,), dtype=tl.float32)
-    offs = tl.arange(0, BLOCK)
-    start = pid.to(tl.int64) * CHUNK_A
-    for s in range(0, CHUNK_A, 2 * BLOCK):
-        o0 = start + s + offs
-        o1 = o0 + BLOCK
-        v0 = tl.load(a_ptr + o0, mask=(o0 < na) & (s + offs < CHUNK_A), other=0.0, eviction_policy=EVICT)
-        v1 = tl.load(a_ptr + o1, mask=(o1 < na) & (s + BLOCK + offs < CHUNK_A), other=0.0, eviction_policy=EVICT)
-        acc += v0.to(tl.float32) + v1.to(tl.float32)
+    acc = _chunk_sum(a_ptr, na, pid, CHUNK_A, BLOCK, EVICT)
     if HAS_B:
-        start = pid.to(tl.int64) * CHUNK_B
-        for s in range(0, CHUNK_B, 2 * BLOCK):
-            o0 = start + s + offs
-            o1 = o0 + BLOCK
-            v0 = tl.load(b_ptr + o0, mask=(o0 < nb) & (s + offs < CHUNK_B), other=0.0, eviction_policy=EVICT)
-            v1 = tl.load(b_ptr + o1, mask=(o1 < nb) & (s + BLOCK + offs < CHUNK_B), other=0.0, eviction_policy=EVICT)
-            acc += v0.to(tl.float32) + v1.to(tl.float32)
+        acc += _chunk_sum(b_ptr, nb, pid, CHUNK_B, BLOCK, EVICT)
     if HAS_C:
-        start = pid.to(tl.int64) * CHUNK_C
-        for s in range(0, CHUNK_C, 2 * BLOCK):
-            o0 = start + s + offs
-            o1 = o0 + BLOCK
-            v0 = tl.load(c_ptr + o0, mask=(o0 < nc) & (s + offs < CHUNK_C), other=0.0, eviction_policy=EVICT)
-            v1 = tl.load(c_ptr + o1, mask=(o1 < nc) & (s + BLOCK + offs < CHUNK_C), other=0.0, eviction_policy=EVICT)
-            acc += v0.to(tl.float32) + v1.to(tl.float32)
+        acc += _chunk_sum(c_ptr, nc, pid, CHUNK_C, BLOCK, EVICT)
     tl.store(out_ptr + pid, tl.sum(acc))
 
 
@@ -194,35 +189,15 @@ def _variants(shipped, gateup_only, down_only, sink, sms, m, h, i, dev) -> dict:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--out", required=True)
-    p.add_argument("--shapes", default="gemma3-1b")
-    p.add_argument("--tokens", type=int, default=16)
-    p.add_argument("--rounds", type=int, default=7)
-    p.add_argument("--reps", type=int, default=20)
+    p = decode_parser(__doc__)
     p.add_argument("--read-sweep", action="store_true",
                    help="only the read-only kernels, over programs per SM, block, warps and eviction hint")
     args = p.parse_args()
-    k = load_kernel()
-    tk_mlp = importlib.import_module(k.__name__ + ".triton_kernels.mlp")
-    tk_linear = importlib.import_module(k.__name__ + ".triton_kernels.linear")
-    dev, dt = torch.device("cuda"), torch.bfloat16
-    torch.manual_seed(0)
-    copy_rate = copy_gbs(dev)
-    sms = torch.cuda.get_device_properties(dev).multi_processor_count
+    k, tk_mlp, tk_linear, dev, copy_rate, sms = decode_setup()
+    dt = torch.bfloat16
     results = {}
-    for shape in args.shapes.split(","):
-        h, i = SHAPES[shape]
-        m = args.tokens
-        per_set = 3 * h * i * 2
-        n = max(2, -(-4 * L2_BYTES // per_set))
-        sets = []
-        for _ in range(n):
-            sets.append((torch.randn(m, h, device=dev, dtype=dt),
-                         torch.randn(i, h, device=dev, dtype=dt) * h**-0.5,
-                         torch.randn(i, h, device=dev, dtype=dt) * h**-0.5,
-                         torch.randn(h, i, device=dev, dtype=dt) * i**-0.5))
-        refs = [eager_mlp(*(t.double() for t in s)) for s in sets]
+    for shape, h, i, sets, per_set, refs in decode_shapes(args, dev, dt):
+        m, n = args.tokens, len(sets)
         sink = torch.empty(4 * sms, device=dev, dtype=torch.float32)
         hbuf = [torch.randn(m, i, device=dev, dtype=dt) for _ in sets]
 
@@ -284,18 +259,10 @@ def main() -> None:
                          "rel_err": e["rel_err"], "of_floor": statistics.median(t) / floor}
         results[shape] = {"H": h, "I": i, "tokens": m, "n_sets": n, "floor_us": floor, "rows": rows}
         print(f"{shape}: floor {floor:.2f} us (copy {copy_rate:.0f} GB/s), {n} sets", flush=True)
-        for lab, v in sorted(rows.items(), key=lambda kv: kv[1].get("median_us", 1e9)):
-            if "median_us" in v:
-                err = "" if v["rel_err"] is None else f"  err {v['rel_err']:.2e}"
-                print(f"   {v['median_us']:7.2f} [{v['p20_us']:.2f}-{v['p80_us']:.2f}] {v['of_floor']:.2f}x  {lab}{err}")
-            else:
-                print(f"   ---- {lab}: {v['error'][:100]}")
+        print_timed(rows, floor)
         del entries, sets, refs
         torch.cuda.empty_cache()
-    env = {**environment(), "copy_gbs": copy_rate, "args": vars(args)}
-    os.makedirs(args.out, exist_ok=True)
-    with open(os.path.join(args.out, "decode-fused.json"), "w") as f:
-        json.dump({"env": env, "rows": results}, f, indent=1)
+    save_results(args.out, "decode-fused.json", results, copy_rate, args)
 
 
 if __name__ == "__main__":

@@ -25,9 +25,8 @@ import sys
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _diag import SHAPES, copy_gbs, eager_mlp, environment, kernel_times, load_kernel  # noqa: E402
+from _diag import L2_BYTES, SHAPES, copy_gbs, eager_mlp, environment, kernel_times, load_kernel  # noqa: E402
 
-L2_BYTES = 60 << 20
 # name: (FUSED_GEGLU_PDL, pdl.TRIGGER_AT_START, split-K slices summed in the down GEMM)
 VARIANTS = {
     "plain": ("0", False, False),

@@ -26,10 +26,7 @@ CUDA graphs of n calls over n weight sets holding at least 4x L2.
 
 from __future__ import annotations
 
-import argparse
-import importlib
 import itertools
-import json
 import os
 import statistics
 import sys
@@ -39,9 +36,11 @@ import triton
 import triton.language as tl
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _diag import SHAPES, copy_gbs, eager_mlp, environment, load_kernel  # noqa: E402
+from _diag import (  # noqa: E402
+    decode_parser, decode_setup, decode_shapes, eager_mlp, print_timed, save_results,
+)
 from decode_fused import read  # noqa: E402
-from decode_pdl import L2_BYTES, graph_of, time_replays  # noqa: E402
+from decode_pdl import graph_of, time_replays  # noqa: E402
 
 
 @triton.jit
@@ -178,35 +177,17 @@ def candidates(kind: str):
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--out", required=True)
-    p.add_argument("--shapes", default="gemma3-1b")
-    p.add_argument("--tokens", type=int, default=16)
-    p.add_argument("--rounds", type=int, default=7)
-    p.add_argument("--reps", type=int, default=20)
+    p = decode_parser(__doc__)
     p.add_argument("--keep", type=int, default=6)
     p.add_argument("--prefetch", action="store_true",
                    help="no screens: the best pairs of a754502, with and without the gate+up kernel reading "
-                        "w_down into L2 (evict_last / evict_normal) for the down GEMM")
+                        "w_down into L2 (prefetch.global.L2::evict_last) for the down GEMM")
     args = p.parse_args()
-    k = load_kernel()
-    tk_mlp = importlib.import_module(k.__name__ + ".triton_kernels.mlp")
-    tk_linear = importlib.import_module(k.__name__ + ".triton_kernels.linear")
-    dev, dt = torch.device("cuda"), torch.bfloat16
-    torch.manual_seed(0)
-    copy_rate = copy_gbs(dev)
-    sms = torch.cuda.get_device_properties(dev).multi_processor_count
+    k, tk_mlp, tk_linear, dev, copy_rate, sms = decode_setup()
+    dt = torch.bfloat16
     results = {}
-    for shape in args.shapes.split(","):
-        h, i = SHAPES[shape]
-        m = args.tokens
-        per_set = 3 * h * i * 2
-        n = max(2, -(-4 * L2_BYTES // per_set))
-        sets = [(torch.randn(m, h, device=dev, dtype=dt),
-                 torch.randn(i, h, device=dev, dtype=dt) * h**-0.5,
-                 torch.randn(i, h, device=dev, dtype=dt) * h**-0.5,
-                 torch.randn(h, i, device=dev, dtype=dt) * i**-0.5) for _ in range(n)]
-        refs = [eager_mlp(*(t.double() for t in s)) for s in sets]
+    for shape, h, i, sets, per_set, refs in decode_shapes(args, dev, dt):
+        m, n = args.tokens, len(sets)
         hrefs = [torch.nn.functional.gelu(s[0].double() @ s[1].double().T, approximate="tanh")
                  * (s[0].double() @ s[2].double().T) for s in sets]
         hbufs = [r.to(dt) for r in hrefs]  # the down GEMM's input, one per set (the graph rotates sets)
@@ -314,18 +295,10 @@ def main() -> None:
         shape_res["pairs"] = timed(pairs, args.rounds)
         results[shape] = shape_res
         print(f"{shape}: floor {shape_res['floor_us']:.2f} us", flush=True)
-        for lab, v in sorted(shape_res["pairs"].items(), key=lambda kv: kv[1].get("median_us", 1e9)):
-            if "median_us" in v:
-                err = "" if v["rel_err"] is None else f"  err {v['rel_err']:.2e}"
-                print(f"   {v['median_us']:7.2f} [{v['p20_us']:.2f}-{v['p80_us']:.2f}]  {lab}{err}")
-            else:
-                print(f"   ---- {lab}: {v['error'][:100]}")
+        print_timed(shape_res["pairs"])
         del sets, refs, hrefs, hbufs
         torch.cuda.empty_cache()
-    env = {**environment(), "copy_gbs": copy_rate, "args": vars(args)}
-    os.makedirs(args.out, exist_ok=True)
-    with open(os.path.join(args.out, "decode-stream.json"), "w") as f:
-        json.dump({"env": env, "rows": results}, f, indent=1)
+    save_results(args.out, "decode-stream.json", results, copy_rate, args)
 
 
 if __name__ == "__main__":

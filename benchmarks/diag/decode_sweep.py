@@ -22,10 +22,8 @@ configs_sm90.json "tuned" entry). Not the product benchmark (benchmarks/compare.
 
 from __future__ import annotations
 
-import argparse
 import importlib
 import itertools
-import json
 import os
 import statistics
 import sys
@@ -33,8 +31,10 @@ import sys
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _diag import SHAPES, copy_gbs, eager_mlp, environment, load_kernel  # noqa: E402
-from decode_pdl import L2_BYTES, graph_of, time_replays  # noqa: E402
+from _diag import (  # noqa: E402
+    SHAPES, copy_gbs, decode_parser, decode_weight_sets, eager_mlp, load_kernel, save_results,
+)
+from decode_pdl import graph_of, time_replays  # noqa: E402
 
 SMEM_LIMIT = 220 * 1024  # below sm90's 227 KB opt-in, leaving room for Triton's own scratch
 
@@ -85,12 +85,7 @@ class Table:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--out", required=True)
-    p.add_argument("--shapes", default="gemma3-1b")
-    p.add_argument("--tokens", type=int, default=16)
-    p.add_argument("--rounds", type=int, default=7)
-    p.add_argument("--reps", type=int, default=20)
+    p = decode_parser(__doc__)
     p.add_argument("--keep", type=int, default=6)
     p.add_argument("--max-candidates", type=int, default=0, help="per kernel, 0 = all (a quick look: 10)")
     args = p.parse_args()
@@ -106,15 +101,8 @@ def main() -> None:
     results = {}
     for shape in args.shapes.split(","):
         h, i = SHAPES[shape]
-        per_set = 3 * h * i * 2
-        n = max(2, -(-4 * L2_BYTES // per_set))
-        sets = []
-        for _ in range(n):
-            x = torch.randn(args.tokens, h, device=dev, dtype=dt)
-            sets.append((x, torch.randn(i, h, device=dev, dtype=dt) * h**-0.5,
-                         torch.randn(i, h, device=dev, dtype=dt) * h**-0.5,
-                         torch.randn(h, i, device=dev, dtype=dt) * i**-0.5))
-        refs = [eager_mlp(*(t.double() for t in s)) for s in sets]
+        sets, per_set, refs = decode_weight_sets(h, i, args.tokens, dev, dt)
+        n = len(sets)
         eager_err = max(((eager_mlp(*s).double() - r).abs().max() / r.abs().max()).item()
                         for s, r in zip(sets, refs))
         table = Table(cfgmod, args.tokens, h, i)
@@ -202,10 +190,7 @@ def main() -> None:
             print(f"   {v['median_us']:7.2f}  err {v['rel_err']:.2e}  {lab}")
         del graphs, pairs_in, sets, refs
         torch.cuda.empty_cache()
-    env = {**environment(), "copy_gbs": copy_rate, "args": vars(args)}
-    os.makedirs(args.out, exist_ok=True)
-    with open(os.path.join(args.out, "decode-sweep.json"), "w") as f:
-        json.dump({"env": env, "rows": results}, f, indent=1)
+    save_results(args.out, "decode-sweep.json", results, copy_rate, args)
 
 
 if __name__ == "__main__":
