@@ -164,7 +164,7 @@ def _run_cached(cmd: list[str], what: str, cache: Path, salt: str, local: tuple[
     if local:
         inc_dirs = [Path(a[2:]) for a in cmd if a.startswith("-I") and not a[2:].startswith(work)]
         for dep in _local_headers(src, inc_dirs, local):
-            # Named by the path below its source folder, so the key is the same in any checkout.
+            # Named by its path below torch-ext/ or kernel_src/, so the key is the same in any checkout.
             rel = next(str(dep.relative_to(r.resolve())) for r in local if dep.is_relative_to(r.resolve()))
             h.update(rel.encode() + dep.read_bytes())
     for arg in cmd:
