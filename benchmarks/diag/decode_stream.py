@@ -10,11 +10,12 @@ decode kernels with the knobs the shipped ones lack, alone and as a pair:
   in flight without a reduction kernel;
 - `dn`: the down GEMM, split over K (I) the same way (the shipped kernel's in-GEMM sum);
 - both with optional `evict_first` on the weight loads (read once per step; x, h and partials stay);
-- `--prefetch`: the gate+up kernel also reads w_down (its share per program, a chunk per K step) with an
-  `evict_last` hint, so that the down GEMM finds it in L2 (where it fits: 15.9 MB at Gemma3-1B). The PDL
+- `--prefetch`: the gate+up kernel also pulls w_down (its share per program, a chunk per K step) into L2
+  with an `evict_last` hint, so that the down GEMM finds it there (it fits: 15.9 MB at Gemma3-1B). The PDL
   prefetch of 85f3c03 lost because the gate+up stream evicted the lines first (triton_kernels/pdl.py).
   At b939f9a the share was read into registers (`evict_last` / normal loads): 37-38 us per MLP, the loop
-  waiting on each load; since then `asm`: one `prefetch.global.L2::evict_last` per 128-byte line.
+  waiting on each load (that variant is gone; its results are in benchmarks/results); since f5ff874 it is
+  one `prefetch.global.L2::evict_last` per 128-byte line (`pf-asm` pairs).
 
 Sections: `gu` screen (one round) then the best `--keep` with the shipped gate+up kernel and a
 read-only floor of the same bytes over `--rounds` interleaved rounds; the same for `dn`; then the best
@@ -39,14 +40,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _diag import (  # noqa: E402
     decode_parser, decode_setup, decode_shapes, eager_mlp, print_timed, save_results,
 )
-from decode_fused import read  # noqa: E402
+from decode_fused import _gelu_tanh, read  # noqa: E402
 from decode_pdl import graph_of, time_replays  # noqa: E402
-
-
-@triton.jit
-def _gelu_tanh(x):
-    u = 1.5957691216057308 * (x + 0.044715 * x * x * x)
-    return x / (1.0 + tl.exp(-u))
 
 
 @triton.jit
@@ -54,20 +49,17 @@ def _stream_kernel(x_ptr, wa_ptr, wb_ptr, out_ptr, part_ptr, cnt_ptr, M, N, K, K
                    stride_xm, stride_wa, stride_wb, stride_om,
                    GEGLU: tl.constexpr, SPLIT: tl.constexpr, EVICT: tl.constexpr,
                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                   pf_ptr=None, pf_n=0, pf_sink=None, PF: tl.constexpr = False, PF_BLOCK: tl.constexpr = 16,
-                   PF_EVICT: tl.constexpr = "evict_last", PF_ASM: tl.constexpr = False):
+                   pf_ptr=None, pf_n=0, pf_sink=None, PF: tl.constexpr = False, PF_BLOCK: tl.constexpr = 2048):
     """out[M, N] = geglu(x @ wa.T, x @ wb.T) (GEGLU) or x @ wa.T; wa/wb [N, K]; K split in SPLIT slices
     of K_PER (a multiple of BLOCK_K); partials [2, SPLIT, M, N] fp32; one counter per column tile.
-    PF: each program also reads its share of the flat tensor pf_ptr[pf_n] (PF_BLOCK elements per K
-    step, with the PF_EVICT hint) so that the next kernel finds it in L2 (the down weight)."""
+    PF: each program also prefetches its share of the flat tensor pf_ptr[pf_n] into L2 (evict_last),
+    PF_BLOCK elements per K step, so that the next kernel finds it there (the down weight)."""
     pid_n, pid_s = tl.program_id(0), tl.program_id(1)
     if PF:
-        pf_steps = tl.cdiv(K_PER, BLOCK_K)
-        PF_LANES: tl.constexpr = PF_BLOCK // 64 if PF_ASM else PF_BLOCK  # PF_ASM: one lane per 64 elements
-        PF_STEP: tl.constexpr = PF_BLOCK
-        pf_off = ((pid_s * tl.num_programs(0) + pid_n).to(tl.int64) * pf_steps * PF_BLOCK
-                  + tl.arange(0, PF_LANES) * (64 if PF_ASM else 1))
-        pf_acc = tl.zeros((PF_LANES,), dtype=tl.float32)
+        # One lane per 128-byte line (64 two-byte elements).
+        pf_off = ((pid_s * tl.num_programs(0) + pid_n).to(tl.int64) * tl.cdiv(K_PER, BLOCK_K) * PF_BLOCK
+                  + tl.arange(0, PF_BLOCK // 64) * 64)
+        pf_acc = tl.zeros((PF_BLOCK // 64,), dtype=tl.int32)
     offs_m = tl.arange(0, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     m_ok = offs_m < M
@@ -85,17 +77,12 @@ def _stream_kernel(x_ptr, wa_ptr, wb_ptr, out_ptr, part_ptr, cnt_ptr, M, N, K, K
                      eviction_policy=EVICT)
         acc_a = tl.dot(a, wa, acc_a)
         if PF:
-            if PF_ASM:
-                # One L2 prefetch per 128-byte line, no register written (a load into registers stalls
-                # the loop on its latency: 37-38 us per MLP at b939f9a).
-                lines = pf_off
-                pf_acc += tl.inline_asm_elementwise(
-                    "prefetch.global.L2::evict_last [$1];\n\tmov.u32 $0, 0;", "=r,l",
-                    [pf_ptr + tl.minimum(lines, pf_n - 1)], dtype=tl.int32, is_pure=False, pack=1).to(tl.float32)
-            else:
-                pf_acc += tl.load(pf_ptr + pf_off, mask=pf_off < pf_n, other=0.0,
-                                  eviction_policy=PF_EVICT).to(tl.float32)
-            pf_off += PF_STEP
+            # A prefetch writes no register, so the loop does not wait for it (loading the share into
+            # registers instead cost 37-38 us per MLP at b939f9a: the loop stalled on every load).
+            pf_acc += tl.inline_asm_elementwise(
+                "prefetch.global.L2::evict_last [$1];\n\tmov.u32 $0, 0;", "=r,l",
+                [pf_ptr + tl.minimum(pf_off, pf_n - 1)], dtype=tl.int32, is_pure=False, pack=1)
+            pf_off += PF_BLOCK
         if GEGLU:
             wb = tl.load(wb_ptr + bn[None, :] * stride_wb + (k0 + rk)[:, None], mask=k_ok[:, None], other=0.0,
                          eviction_policy=EVICT)
@@ -142,19 +129,17 @@ class Stream:
         self.part = torch.empty(2 * self.split * m * n if self.split > 1 else 1, device=dev, dtype=torch.float32)
         self.cnt = torch.zeros(triton.cdiv(n, bn), device=dev, dtype=torch.int32)
 
-    def __call__(self, out, x, wa, wb=None, prefetch=None, pf_evict="evict_last"):
+    def __call__(self, out, x, wa, wb=None, prefetch=None):
         m, k = x.shape
         n = wa.shape[0]
         wb = wa if wb is None else wb
         grid = (triton.cdiv(n, self.bn), self.split)
         pf = {}
-        if prefetch is not None:
+        if prefetch is not None:  # prefetch: a tensor for the next kernel, pulled into L2 on the way
             programs, steps = grid[0] * grid[1], triton.cdiv(self.k_per, self.bk)
-            block = triton.next_power_of_2(triton.cdiv(prefetch.numel(), programs * steps))
-            sink = torch.empty(programs, device=x.device, dtype=torch.float32)
-            asm = pf_evict == "asm"
-            pf = dict(pf_ptr=prefetch, pf_n=prefetch.numel(), pf_sink=sink, PF=True, PF_BLOCK=max(block, 64 * 32) if asm else block,
-                      PF_EVICT="" if asm else pf_evict, PF_ASM=asm)
+            block = max(2048, triton.next_power_of_2(triton.cdiv(prefetch.numel(), programs * steps)))
+            sink = torch.empty(programs, device=x.device, dtype=torch.int32)
+            pf = dict(pf_ptr=prefetch, pf_n=prefetch.numel(), pf_sink=sink, PF=True, PF_BLOCK=block)
         _stream_kernel[grid](
             x, wa, wb, out, self.part, self.cnt, m, n, k, self.k_per,
             x.stride(0), wa.stride(0), wb.stride(0), out.stride(0),
@@ -279,15 +264,14 @@ def main() -> None:
             torch.cuda.empty_cache()
         pairs = {"shipped": build(lambda x, wg, wu, wd: k.geglu_mlp(x, wg, wu, wd, backend="triton"), refs),
                  "eager": build(eager_mlp, refs)}
-        prefetches = ("none", "asm") if args.prefetch else ("none",)
+        prefetches = ("none", "asm") if args.prefetch else ("none",)  # "asm": prefetch instructions
         for (gl, gc), (dl, dc), pf in itertools.product(best["gu"], best["dn"], prefetches):
             gu = Stream(m, i, h, dev, True, gc["bn"], gc["bk"], gc["split"], gc["warps"], gc["stages"], gc["evict"])
             dn = Stream(m, h, i, dev, False, dc["bn"], dc["bk"], dc["split"], dc["warps"], dc["stages"], dc["evict"])
 
             def pair(x, wg, wu, wd, gu=gu, dn=dn, pf=pf):
                 # pf: the gate+up kernel also reads w_down with this L2 hint, for the down GEMM to find
-                hid = gu(torch.empty(m, i, device=dev, dtype=dt), x, wg, wu,
-                         prefetch=None if pf == "none" else wd, pf_evict="" if pf == "evict_normal" else pf)
+                hid = gu(torch.empty(m, i, device=dev, dtype=dt), x, wg, wu, prefetch=None if pf == "none" else wd)
                 return dn(torch.empty(m, h, device=dev, dtype=dt), hid, wd)
 
             pairs[f"{gl}+{dl}" + ("" if pf == "none" else f"+pf-{pf}")] = build(pair, refs)
