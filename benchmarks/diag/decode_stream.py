@@ -248,10 +248,9 @@ def main() -> None:
             keep = keep[: args.keep]
             finals = {lab: entries[lab] for lab in keep}
             finals["shipped"] = build(shipped_gu if kind == "gu" else shipped_dn)
-            if kind == "gu":
-                finals["read-floor"] = build(lambda x, wg, wu, wd: read((wg, wu), sink, 8 * sms, 2048, 8, "evict_first"))
-            else:
-                finals["read-floor"] = build(lambda x, wg, wu, wd: read((wd,), sink, 8 * sms, 2048, 8, "evict_first"))
+            # The read-only floor of this kernel's weight bytes, with the best read config of feebdba.
+            finals["read-floor"] = build(lambda x, wg, wu, wd, gu=kind == "gu":
+                                         read((wg, wu) if gu else (wd,), sink, 8 * sms, 2048, 8, "evict_first"))
             rounds = timed(finals, args.rounds)
             shape_res[kind] = {"screen": screen, "rounds": rounds, "configs": {lab: cfgs[lab] for lab in keep}}
             best[kind] = [(lab, cfgs[lab]) for lab in
