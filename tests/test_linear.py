@@ -49,8 +49,12 @@ def test_linear_forward_backward(kernel, device, backend, dtype, activation, wit
     ref_y = kernel.reference.linear_ref(p64[0], p64[1], p64[2] if with_bias else None, activation)
     refs = torch.autograd.grad(ref_y, p64, grad.double())
     eagers = torch.autograd.grad(eager, params, grad)
-    for name, o, r, e in zip(("dx", "dW", "db"), ours, refs, eagers):
-        assert_close(o, r, e, f"linear {name}")
+    # Through an activation, errors are measured against the size of the same gradients without it
+    # as well (gelu' vanishes near pre = -0.75; _numerics.errors).
+    plain = refs if activation is None else torch.autograd.grad(
+        kernel.reference.linear_ref(p64[0], p64[1], p64[2] if with_bias else None, None), p64, grad.double())
+    for name, o, r, e, s in zip(("dx", "dW", "db"), ours, refs, eagers, plain):
+        assert_close(o, r, e, f"linear {name}", scale_ref=s)
 
 
 @pytest.mark.parametrize("backend", ["triton", None], ids=["triton", "auto"])
