@@ -46,7 +46,7 @@ _OPS = {
     "geglu_mlp": ({"m", "h", "capturing"}, {"triton", "cuda", "torch"}),
     "geglu_mlp_sm90": ({"m", "h", "capturing", "m_align"}, _Launches()),
     "geglu_mlp_sm90_train": ({"m", "h", "capturing", "m_align"}, _Launches()),
-    "geglu_mlp_sm90_forced": ({"m"}, _ForcedLaunches()),
+    "geglu_mlp_sm90_forced": ({"m", "h"}, _ForcedLaunches()),
     "linear": ({"m"}, {"torch", "triton", "cuda"}),
     "linear_gelu_tanh": ({"m"}, {"torch", "triton", "cuda"}),
     "linear_gelu": ({"m"}, {"torch", "triton", "cuda"}),
@@ -172,10 +172,16 @@ def test_policy_file_is_plain_json(policy):
     ("geglu_mlp_sm90_train", dict(m=8192, h=3584), "128x192pp/s1"),
     ("geglu_mlp_sm90_train", dict(m=16, h=2048), "no"),
     ("geglu_mlp_sm90_train", dict(m=8192, h=768), "no"),
-    # backend="cuda" forced where no rule above names a launch: from M = 1024 the one that lost least
-    ("geglu_mlp_sm90_forced", dict(m=1025), "128x192pp/s1"),
-    ("geglu_mlp_sm90_forced", dict(m=8193), "128x192pp/s1"),
-    ("geglu_mlp_sm90_forced", dict(m=1023), "<fallback>"),
+    # backend="cuda" forced where no rule above names a launch: the one that lost least there, per
+    # 128-row interval below M = 1024 (measured widths only) and from M = 1024 at any width
+    ("geglu_mlp_sm90_forced", dict(m=1025, h=3584), "128x192pp/s1"),
+    ("geglu_mlp_sm90_forced", dict(m=8193, h=768), "128x192pp/s1"),
+    ("geglu_mlp_sm90_forced", dict(m=129, h=1152), "128x256/s1"),
+    ("geglu_mlp_sm90_forced", dict(m=300, h=2048), "128x192pp/s1"),
+    ("geglu_mlp_sm90_forced", dict(m=1023, h=3584), "128x256/s1"),
+    ("geglu_mlp_sm90_forced", dict(m=1000, h=1152), "128x128pp/s1"),
+    ("geglu_mlp_sm90_forced", dict(m=1023, h=768), "heuristic"),
+    ("geglu_mlp_sm90_forced", dict(m=300, h=8192), "heuristic"),
     # the sm90 dh GEMM with the GeGLU-backward epilogue measured slower: off everywhere
     ("geglu_mlp_dh_sm90", dict(m=8192, h=2048), "no"),
     ("geglu_mlp_dh_sm90", dict(m=1024, h=2048), "no"),
@@ -226,20 +232,21 @@ def test_sm90_launches_parse(kernel, sm90_rules):
 
 
 def test_sm90_forced_launch(policy, monkeypatch):
-    """A forced backend="cuda" outside the policy's launches: the measured fallback from M = 1024,
-    the op's heuristic (None) below it and whenever $FUSED_GEGLU_SM90_MLP is set (the override), and
-    on any GPU without an sm90 policy."""
+    """A forced backend="cuda" outside the policy's launches: the measured fallback, the op's
+    heuristic (None) where nothing was measured and whenever $FUSED_GEGLU_SM90_MLP is set (the
+    override), and on any GPU without an sm90 policy."""
     monkeypatch.delenv("FUSED_GEGLU_SM90_MLP", raising=False)
     monkeypatch.setattr(policy, "device_capability", lambda device: (9, 0))
     cuda = torch.device("cuda", 0)
-    assert policy.sm90_forced_launch(1025, cuda) == "128x192pp/s1"
-    assert policy.sm90_forced_launch(1000, cuda) is None
-    assert policy.sm90_forced_launch(1025, torch.device("cpu")) is None
+    assert policy.sm90_forced_launch(1025, 2048, cuda) == "128x192pp/s1"
+    assert policy.sm90_forced_launch(520, 3584, cuda) == "128x192pp/s1"
+    assert policy.sm90_forced_launch(1000, 768, cuda) is None
+    assert policy.sm90_forced_launch(1025, 2048, torch.device("cpu")) is None
     monkeypatch.setenv("FUSED_GEGLU_SM90_MLP", "no")
-    assert policy.sm90_forced_launch(1025, cuda) is None
+    assert policy.sm90_forced_launch(1025, 2048, cuda) is None
     monkeypatch.delenv("FUSED_GEGLU_SM90_MLP")
     monkeypatch.setattr(policy, "device_capability", lambda device: (8, 0))
-    assert policy.sm90_forced_launch(1025, cuda) is None
+    assert policy.sm90_forced_launch(1025, 2048, cuda) is None
 
 
 def test_sm90_dh_launch(kernel, monkeypatch):
@@ -300,6 +307,42 @@ def test_mid_range_rules_never_named_a_launch_that_lost_where_measured(policy, s
                 assert launch in t, f"{path.name} {shape} M={m}: {launch} was not measured"
                 assert t[launch] <= t["cublas+pointwise"], (path.name, shape, m, launch, t[launch], t["cublas+pointwise"])
     assert checked >= 100, checked  # the bands cover measured points of every probe
+
+
+def _heuristic(m: int, i: int) -> str:
+    """The op's own launch when it is given none (pick_tile in kernel_src/gemm_sm90/geglu_gateup_sm90.cu,
+    132 SMs): what a forced call ran before the forced rules below M = 1024."""
+    return "128x256/s1" if -(-m // 128) * -(-2 * i // 256) >= 132 else "128x128/s1"
+
+
+_GRID_I = {"gemma3-1b": 6912, "gemma-2b": 16384, "gemma2-9b": 14336}
+
+
+def test_forced_rules_never_named_a_launch_slower_than_the_heuristic(policy, sm90_rules):
+    """backend="cuda" forced at M = 65..1023 where the auto rules leave cuBLAS + pointwise: at every
+    measured point of the five mid-range probes the forced launch took at most the heuristic's time
+    (within the 2 % the probes' rounds spread), and over all points it is faster in the median.
+    Naming 128x128/s1 for Gemma2-9B M = 129..256 fails here (up to 1.65x the time of the heuristic's
+    128x256 at the same point)."""
+    ratios = []
+    for path in _PROBES:
+        times: dict = {}
+        for r in json.loads(path.read_text())["rows"]:
+            if r.get("section") == "decode" and r.get("mode") == "graph" and "us" in r and 65 <= r["M"] <= 1023:
+                times.setdefault((r["shape"], r["M"]), {})[r["impl"].removeprefix("sm90 ")] = r["us"]
+        for (shape, m), t in sorted(times.items()):
+            h = _GRID_H[shape]
+            if policy.first_match(sm90_rules["geglu_mlp_sm90"], "no",
+                                  {"m": m, "h": h, "capturing": 1, "m_align": m & -m}) != "no":
+                continue
+            forced = policy.first_match(sm90_rules["geglu_mlp_sm90_forced"], "heuristic", {"m": m, "h": h})
+            heur = _heuristic(m, _GRID_I[shape])
+            launch = heur if forced == "heuristic" else forced
+            assert launch in t and heur in t, f"{path.name} {shape} M={m}: {launch} or {heur} not measured"
+            assert t[launch] <= _TIE * t[heur], (path.name, shape, m, launch, t[launch], heur, t[heur])
+            ratios.append(t[launch] / t[heur])
+    assert len(ratios) >= 150, len(ratios)
+    assert sorted(ratios)[len(ratios) // 2] < 0.97, "the forced rules gain nothing over the heuristic"
 
 
 _LARGE_PROBES = [Path(__file__).resolve().parents[1] / "benchmarks" / "results" / f"kernel-probe-large-h200-{c}.json"

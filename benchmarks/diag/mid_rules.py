@@ -14,6 +14,11 @@ holds, the band is ``no`` (cuBLAS + pointwise). ``--step 128`` instead ends ever
 128 (a 128-row tile's time is flat between them; see ``step_bands``), which is how the rules since
 ddfd9b5 were drawn (``--worst --step 128`` over the five probe files policy_sm90.json cites). It
 proposes; policy_sm90.json is edited by hand (or by a script), citing the files.
+
+``--forced`` proposes the ``geglu_mlp_sm90_forced`` rules instead: for ``backend="cuda"`` forced where
+the ``geglu_mlp_sm90`` rules name no launch (``--policy``), per 128-row interval the launch with the
+smallest worst ratio over the interval's measured M that those rules leave to cuBLAS + pointwise, next
+to the op's own size heuristic (``HEURISTIC``), which is what a forced call ran before.
 """
 
 from __future__ import annotations
@@ -117,6 +122,41 @@ def step_bands(per_m: dict, margin: float, step: int) -> list[tuple[int, int, st
     return out
 
 
+# The op's own tile choice when it is given none (pick_tile in kernel_src/gemm_sm90/geglu_gateup_sm90.cu):
+# 128x256 cooperative when that makes at least one tile per SM (132 on the H200), else 128x128; swizzle 1.
+SHAPE_HI = {"blog": (768, 3072), "gemma3-1b": (1152, 6912), "gemma-2b": (2048, 16384), "gemma2-9b": (3584, 14336)}
+
+
+def heuristic(m: int, i: int, sm_count: int = 132) -> str:
+    return "128x256/s1" if -(-m // 128) * -(-2 * i // 256) >= sm_count else "128x128/s1"
+
+
+def first_match(rules: list, fallback: str, sizes: dict) -> str:
+    """policy.first_match without importing torch (the same test: every bound holds and names a size)."""
+    for rule in rules:
+        if all(rule.get(f"min_{k}", 0) <= v <= rule.get(f"max_{k}", 1 << 62) for k, v in sizes.items()) \
+                and all(key.partition("_")[2] in sizes for key in rule if key.startswith(("min_", "max_"))):
+            return rule["backend"]
+    return fallback
+
+
+def forced_bands(per_m: dict, shape: str, auto_rules: list, step: int = 128) -> list:
+    """(first M, last M, launch, its worst ratio, the heuristic's worst ratio) per ``step``-row
+    interval, over the measured M where ``auto_rules`` name no launch under graphs."""
+    h, i = SHAPE_HI[shape]
+    out = []
+    for k in sorted({(m - 1) // step for m in per_m}):
+        pts = [m for m in sorted(per_m) if (m - 1) // step == k
+               and first_match(auto_rules, "no", {"m": m, "h": h, "capturing": 1, "m_align": m & -m}) == "no"]
+        if not pts:
+            continue
+        launches = set.intersection(*(set(per_m[m]) - {"cublas+pointwise"} for m in pts))
+        worst = {ln: max(per_m[m][ln] for m in pts) for ln in launches}
+        best = min(worst, key=worst.get)
+        out.append((pts[0], pts[-1], best, worst[best], max(per_m[m][heuristic(m, i)] for m in pts)))
+    return out
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("files", nargs="+")
@@ -128,8 +168,22 @@ def main() -> None:
                    help="pool the files by each case's worst ratio (a launch must hold a point in every run)")
     p.add_argument("--step", type=int, default=0,
                    help="bands end at multiples of this (128: the tiles' rows; see step_bands); 0: halfway rule")
+    p.add_argument("--forced", action="store_true",
+                   help="propose geglu_mlp_sm90_forced rules (see the module docstring)")
+    p.add_argument("--policy", default="torch-ext/fused_geglu/policy_sm90.json",
+                   help="the policy whose geglu_mlp_sm90 rules --forced works around")
     args = p.parse_args()
     data = load_ratios(args.files, args.min_m, args.max_m, args.worst)  # cuBLAS + pointwise = 1
+    if args.forced:
+        auto_rules = json.load(open(args.policy))["geglu_mlp_sm90"]
+        for shape, per_m in data.items():
+            h_lo, h_hi = H_RANGE.get(shape, (0, 0))
+            for first, last, ln, worst, heur in forced_bands(per_m, shape, auto_rules):
+                k = (first - 1) // 128
+                print(f"  rule: min_m {max(128 * k + 1, args.min_m)} max_m {min(128 * k + 128, args.max_m)} "
+                      f"min_h {h_lo} max_h {h_hi} -> {ln} (measured M {first}..{last}: worst {worst:.3f} of "
+                      f"cuBLAS + pointwise, the heuristic {heur:.3f})")
+        return
     for shape, per_m in data.items():
         print(f"== {shape}")
         for m in sorted(per_m):

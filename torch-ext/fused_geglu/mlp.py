@@ -124,7 +124,7 @@ def _forward(x, w_gate, w_up, w_down, b_gate, b_up, b_down, approximate: str, sa
         # launch that lost least there, or the op's own heuristic), then cuBLAS down. Training also
         # takes gate/up from it.
         if launch is None:
-            launch = policy.sm90_forced_launch(m, device)
+            launch = policy.sm90_forced_launch(m, h, device)
         if save_preact or not _dispatch.compiled_has("geglu_mlp_sm90", "cuda"):
             hid, gate, up = sm90_weights.gateup_sm90(ops, x2, w_gate, w_up, b_gate, b_up, approximate, launch,
                                                      save_preact)

@@ -99,13 +99,14 @@ def sm90_mlp_launch(m: int, h: int, device: torch.device, training: bool = False
     return None if choice == "no" else choice
 
 
-def sm90_forced_launch(m: int, device: torch.device) -> str | None:
+def sm90_forced_launch(m: int, h: int, device: torch.device) -> str | None:
     """The gate+up launch for ``backend="cuda"`` forced where ``sm90_mlp_launch`` names none (cuBLAS +
-    pointwise measured faster there): the launch that lost least in those places, else None (the op's
-    own size heuristic). ``$FUSED_GEGLU_SM90_MLP``, when set, keeps the heuristic (it is the override)."""
+    pointwise measured faster there): per width and 128-row interval, the launch that lost least in
+    those places, else None (the op's own size heuristic, where nothing was measured).
+    ``$FUSED_GEGLU_SM90_MLP``, when set, keeps the heuristic (it is the override)."""
     if os.environ.get("FUSED_GEGLU_SM90_MLP"):
         return None
-    choice = backend_for("geglu_mlp_sm90_forced", device, "heuristic", m=m)
+    choice = backend_for("geglu_mlp_sm90_forced", device, "heuristic", m=m, h=h)
     return None if choice == "heuristic" else choice
 
 
