@@ -57,6 +57,13 @@ TORCH_LIBRARY_EXPAND(TORCH_EXTENSION_NAME, ops) {
       "geglu_mlp_sm90(Tensor x, Tensor w_gate, Tensor w_up, Tensor w_down, Tensor? b_gate, Tensor? b_up, "
       "Tensor? b_down, int approximate, int tile=-1, int swizzle=1, int raster=0) -> Tensor");
   ops.impl("geglu_mlp_sm90", c10::kCUDA, &geglu_mlp_sm90);
+  // The decode-size MLP as one kernel (kernel_src/decode_sm90): yacc / tickets are the caller's
+  // zeroed scratch, left zeroed.
+  ops.def(
+      "geglu_mlp_decode_sm90(Tensor x, Tensor w_gate, Tensor w_up, Tensor w_down, Tensor? b_gate, "
+      "Tensor? b_up, Tensor? b_down, int approximate, Tensor(a!) yacc, Tensor(b!) tickets, int stages=8) "
+      "-> Tensor");
+  ops.impl("geglu_mlp_decode_sm90", c10::kCUDA, &geglu_mlp_decode_sm90);
   ops.def(
       "geglu_dh_sm90(Tensor(a!) gate, Tensor(b!) up, Tensor(c!) h_out, Tensor dy, Tensor w_down, "
       "int approximate, int swizzle=1, int raster=0) -> ()");
