@@ -13,7 +13,9 @@ n weight sets (4x L2, so weights come from DRAM) per variant, µs per call over 
 - `shipped`: `geglu_mlp` with the auto policy (what a user gets under graphs);
 - `eager`;
 - `cluster/s8`, `cluster/s4`: the one-kernel op with an 8- or 4-stage ring, scratch zeroed once;
-- `cluster/s8+zeros`: the same with the scratch allocated and zeroed in every call (one more graph node).
+- `cluster/s8+zeros`: the same with the scratch allocated and zeroed in every call (one more graph node);
+- `cluster/s8 diag=1` / `diag=2`: timing only ($FUSED_GEGLU_DECODE_DIAG, read when the graph is
+  captured): the weight stream without the MMAs / without the down-GEMM atomics and the final y.
 
     python3 benchmarks/diag/decode_cluster.py --out DIR [--shapes gemma3-1b,gemma-2b,gemma2-9b]
 """
@@ -84,8 +86,9 @@ def main() -> None:
         yacc = torch.zeros(16 * h, device=dev, dtype=torch.float32)
         tickets = torch.zeros(4, device=dev, dtype=torch.int32)
 
-        def cluster(stages, fresh=False):
+        def cluster(stages, fresh=False, diag=0):
             def fn(x, wg, wu, wd):
+                os.environ["FUSED_GEGLU_DECODE_DIAG"] = str(diag)
                 ya, tk = ((torch.zeros(16 * h, device=dev, dtype=torch.float32),
                            torch.zeros(4, device=dev, dtype=torch.int32)) if fresh else (yacc, tickets))
                 return ops.geglu_mlp_decode_sm90(x, wg, wu, wd, None, None, None, 1, ya, tk, stages)
@@ -97,6 +100,8 @@ def main() -> None:
             "cluster/s8": cluster(8),
             "cluster/s4": cluster(4),
             "cluster/s8+zeros": cluster(8, fresh=True),
+            "cluster/s8 diag=1": cluster(8, diag=1),
+            "cluster/s8 diag=2": cluster(8, diag=2),
         }
         entries = {}
         for lab, fn in variants.items():
@@ -106,7 +111,9 @@ def main() -> None:
                 print(f"  {shape} {lab}: {type(e).__name__}: {str(e)[:200]}", flush=True)
                 entries[lab] = {"error": f"{type(e).__name__}: {str(e)[:300]}"}
                 continue
-            err = max(((o.double() - r).abs().max() / r.abs().max()).item() for o, r in zip(outs, refs))
+            os.environ.pop("FUSED_GEGLU_DECODE_DIAG", None)
+            err = None if "diag" in lab else \
+                max(((o.double() - r).abs().max() / r.abs().max()).item() for o, r in zip(outs, refs))
             entries[lab] = {"graph": g, "rel_err": err}
         times = {lab: [] for lab, e in entries.items() if "graph" in e}
         for r in range(args.rounds):

@@ -45,6 +45,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <cstdlib>
 #include <mutex>
 #include <optional>
 #include <type_traits>
@@ -84,6 +85,9 @@ struct Params {
   int M, H, I;
   int64_t ldx, ldwg, ldwu, ldwd, ldy;
   int approximate;
+  // $FUSED_GEGLU_DECODE_DIAG (timing only, read per call): 1 = no MMA (the weight stream alone),
+  // 2 = no down-GEMM atomics and no y (the partials are dropped), 0 = the real kernel.
+  int diag;
 };
 
 __device__ __forceinline__ int swz(int row, int chunk) { return chunk ^ ((row & 1) << 2); }
@@ -212,7 +216,7 @@ __global__ void __launch_bounds__(kThreads, kStages == 4 ? 2 : 1) geglu_mlp_deco
         for (int j = 0; j < 2; ++j) {
           const int row = warp * 16 + j * 8 + gid;
           const uint4 b = *reinterpret_cast<const uint4 *>(s + row * 128 + (swz(row, ch) << 4));
-          mma_k32<T>(acc1[j], a_lo, a_hi, b);
+          if (!(p.diag & 1)) mma_k32<T>(acc1[j], a_lo, a_hi, b);
         }
       }
       if (t == T1 - 1) {
@@ -255,11 +259,11 @@ __global__ void __launch_bounds__(kThreads, kStages == 4 ? 2 : 1) geglu_mlp_deco
         const uint4 a_hi = *reinterpret_cast<const uint4 *>(hc + (gid + 8) * 512 + (swz(gid + 8, ch) << 4));
         const int row = g2 * 8 + gid;
         const uint4 b = *reinterpret_cast<const uint4 *>(s + row * 512 + (swz(row, ch) << 4));
-        mma_k32<T>(acc2, a_lo, a_hi, b);
+        if (!(p.diag & 1)) mma_k32<T>(acc2, a_lo, a_hi, b);
       }
       if (kh == 1) red[g2 * 32 + lane] = make_float4(acc2[0], acc2[1], acc2[2], acc2[3]);
       __syncthreads();
-      if (kh == 0) {
+      if (kh == 0 && !(p.diag & 2)) {
         const float4 o = red[g2 * 32 + lane];
         const int col = n20 + tt * kRows2 + g2 * 8 + tig * 2;
         if (gid < p.M)
@@ -282,14 +286,41 @@ __global__ void __launch_bounds__(kThreads, kStages == 4 ? 2 : 1) geglu_mlp_deco
   }
   __syncthreads();
   if (*last_flag) {
+    if (tid == 0) p.tickets[rank] = 0;  // every CTA of this rank has taken its ticket
+  }
+  if (*last_flag && !(p.diag & 2)) {
+    // Read every sum first (independent 16-byte L2 loads in flight together), then zero and store:
+    // one atomicExch per element ran at one L2 round trip per element per thread.
     __threadfence();
-    for (int idx = tid; idx < p.M * nq; idx += kThreads) {
-      const int m = idx / nq, c = n20 + idx % nq;
-      float v = atomicExch(p.yacc + m * H + c, 0.f);
-      if (p.bd != nullptr) v += to_f(p.bd[c]);
-      p.y[m * p.ldy + c] = from_f<T>(v);
+    const int n4 = p.M * nq / 4;  // nq % 32 == 0: float4 groups never straddle a row
+    constexpr int kPer = 16;      // float4 per thread per pass: 16 x 256 x 4 = 16384 floats
+    for (int base = 0; base < n4; base += kPer * kThreads) {
+      float4 v[kPer];
+#pragma unroll
+      for (int j = 0; j < kPer; ++j) {
+        const int q = base + j * kThreads + tid;
+        if (q < n4) {
+          const int m = q / (nq / 4), c = n20 + (q % (nq / 4)) * 4;
+          v[j] = __ldcg(reinterpret_cast<const float4 *>(p.yacc + m * H + c));
+        }
+      }
+#pragma unroll
+      for (int j = 0; j < kPer; ++j) {
+        const int q = base + j * kThreads + tid;
+        if (q < n4) {
+          const int m = q / (nq / 4), c = n20 + (q % (nq / 4)) * 4;
+          __stcg(reinterpret_cast<float4 *>(p.yacc + m * H + c), make_float4(0.f, 0.f, 0.f, 0.f));
+          float o[4] = {v[j].x, v[j].y, v[j].z, v[j].w};
+          if (p.bd != nullptr) {
+#pragma unroll
+            for (int e = 0; e < 4; ++e) o[e] += to_f(p.bd[c + e]);
+          }
+          T *dst = p.y + m * p.ldy + c;
+#pragma unroll
+          for (int e = 0; e < 4; ++e) dst[e] = from_f<T>(o[e]);
+        }
+      }
     }
-    if (tid == 0) p.tickets[rank] = 0;
   }
   asm volatile("barrier.cluster.wait.aligned;\n" ::: "memory");
 }
@@ -361,6 +392,8 @@ void run(at::Tensor &y, at::Tensor const &x, at::Tensor const &w_gate, at::Tenso
   p.ldwd = w_down.stride(0);
   p.ldy = y.stride(0);
   p.approximate = int(approximate);
+  const char *diag = std::getenv("FUSED_GEGLU_DECODE_DIAG");
+  p.diag = diag != nullptr ? std::atoi(diag) : 0;
   const auto stream = c10::cuda::getCurrentCUDAStream();
   if (stages == 4) launch<T, 4>(p, x.get_device(), stream);
   else launch<T, 8>(p, x.get_device(), stream);
