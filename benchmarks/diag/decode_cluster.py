@@ -15,7 +15,8 @@ n weight sets (4x L2, so weights come from DRAM) per variant, µs per call over 
 - `cluster/s8`, `cluster/s4`: the one-kernel op with an 8- or 4-stage ring, scratch zeroed once;
 - `cluster/s8+zeros`: the same with the scratch allocated and zeroed in every call (one more graph node);
 - `cluster/s8 diag=1` / `diag=2`: timing only ($FUSED_GEGLU_DECODE_DIAG, read when the graph is
-  captured): the weight stream without the MMAs / without the down-GEMM atomics and the final y.
+  captured): the weight stream without the MMAs / without the down-GEMM atomics and the final y /
+  without either.
 
     python3 benchmarks/diag/decode_cluster.py --out DIR [--shapes gemma3-1b,gemma-2b,gemma2-9b]
 """
@@ -102,6 +103,7 @@ def main() -> None:
             "cluster/s8+zeros": cluster(8, fresh=True),
             "cluster/s8 diag=1": cluster(8, diag=1),
             "cluster/s8 diag=2": cluster(8, diag=2),
+            "cluster/s8 diag=3": cluster(8, diag=3),
         }
         entries = {}
         for lab, fn in variants.items():

@@ -60,11 +60,11 @@ constexpr int kThreads = 256;
 constexpr int kSlice = 64;                       // I columns per CTA (64 w_gate + 64 w_up rows)
 constexpr int kCluster = 4;                      // CTAs per cluster
 constexpr int kK2 = kSlice * kCluster;           // 256: the down GEMM's K per cluster
-constexpr int kTileK1 = 64;                      // phase-1 tile: 128 weight rows x 64 k (16 KB)
+constexpr int kTileK1 = 128;                     // phase-1 tile: 64 rows of w_gate or w_up x 128 k (16 KB)
 constexpr int kRows2 = 32;                       // phase-2 tile: 32 w_down rows x 256 k (16 KB)
 constexpr int kMaxM = 16;
 constexpr int kWBytes = 16384;
-constexpr int kXBytes = kMaxM * kTileK1 * 2;     // x's 64 columns for a phase-1 tile
+constexpr int kXBytes = kMaxM * kTileK1 * 2;     // x's 128 columns for a phase-1 tile
 constexpr int kStageBytes = kWBytes + kXBytes;
 constexpr int kGuBytes = kMaxM * 2 * kSlice * 4;  // gate|up accumulators, fp32
 constexpr int kHsBytes = kMaxM * kSlice * 2;       // this CTA's h (read by the cluster)
@@ -86,7 +86,7 @@ struct Params {
   int64_t ldx, ldwg, ldwu, ldwd, ldy;
   int approximate;
   // $FUSED_GEGLU_DECODE_DIAG (timing only, read per call): 1 = no MMA (the weight stream alone),
-  // 2 = no down-GEMM atomics and no y (the partials are dropped), 0 = the real kernel.
+  // 2 = no down-GEMM atomics and no y (the partials are dropped), 3 = neither, 0 = the real kernel.
   int diag;
 };
 
@@ -162,26 +162,32 @@ __global__ void __launch_bounds__(kThreads, kStages == 4 ? 2 : 1) geglu_mlp_deco
   const int cl = blockIdx.x / kCluster;
   const int i0 = blockIdx.x * kSlice;  // this CTA's columns of I
   const int k20 = cl * kK2;            // the cluster's columns of I (the down GEMM's K)
-  const int H = p.H, T1 = H / kTileK1, nq = H / kCluster, T2 = nq / kRows2, n_tiles = T1 + T2;
+  // Phase-1 tiles alternate w_gate and w_up rows of one 128-wide k block (t & 1, t >> 1).
+  const int H = p.H, T1 = 2 * (H / kTileK1), nq = H / kCluster, T2 = nq / kRows2, n_tiles = T1 + T2;
   const int n20 = rank * nq;           // this CTA's output columns
 
+  // Clusters walk their phase-2 tiles from different starting points, so the float atomics of
+  // different clusters land on different addresses at any one time.
+  auto rotate = [&](int tt) { return (tt + cl) % T2; };
   auto load_tile = [&](int t, int stage) {
     const uint32_t s = smem_u32(ring + stage * kStageBytes);
     if (t < T1) {
+      const T *w = (t & 1) ? p.wu : p.wg;
+      const int64_t ldw = (t & 1) ? p.ldwu : p.ldwg;
+      const int k0 = (t >> 1) * kTileK1;
 #pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        const int q = tid + i * kThreads, row = q >> 3, c = q & 7;
-        const T *src = row < kSlice ? p.wg + int64_t(i0 + row) * p.ldwg : p.wu + int64_t(i0 + row - kSlice) * p.ldwu;
-        cp_async16(s + row * 128 + (swz(row, c) << 4), src + t * kTileK1 + c * 8, true);
+      for (int i = 0; i < 4; ++i) {  // 64 rows x 16 chunks: 256-byte runs of each row
+        const int q = tid + i * kThreads, row = q >> 4, c = q & 15;
+        cp_async16(s + row * 256 + (swz(row, c) << 4), w + int64_t(i0 + row) * ldw + k0 + c * 8, true);
       }
-      if (tid < kMaxM * 8) {
-        const int row = tid >> 3, c = tid & 7;
+      {  // x's 16 rows x 16 chunks, zeros past M
+        const int row = tid >> 4, c = tid & 15;
         const bool valid = row < p.M;
-        const T *src = p.x + int64_t(valid ? row : 0) * p.ldx + t * kTileK1 + c * 8;
-        cp_async16(s + kWBytes + row * 128 + (swz(row, c) << 4), src, valid);
+        const T *src = p.x + int64_t(valid ? row : 0) * p.ldx + k0 + c * 8;
+        cp_async16(s + kWBytes + row * 256 + (swz(row, c) << 4), src, valid);
       }
     } else {
-      const int tt = t - T1;
+      const int tt = rotate(t - T1);
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
         const int q = tid + i * kThreads, row = q >> 5, c = q & 31;
@@ -207,23 +213,23 @@ __global__ void __launch_bounds__(kThreads, kStages == 4 ? 2 : 1) geglu_mlp_deco
     const unsigned char *s = ring + (t % kStages) * kStageBytes;
     if (t < T1) {
       const unsigned char *xs = s + kWBytes;
+      const int row = warp * 8 + gid;  // warp w: rows 8w..8w+7 of the tile, all 128 k
 #pragma unroll
-      for (int kb = 0; kb < 2; ++kb) {
+      for (int kb = 0; kb < 4; ++kb) {
         const int ch = kb * 4 + tig;
-        const uint4 a_lo = *reinterpret_cast<const uint4 *>(xs + gid * 128 + (swz(gid, ch) << 4));
-        const uint4 a_hi = *reinterpret_cast<const uint4 *>(xs + (gid + 8) * 128 + (swz(gid + 8, ch) << 4));
-#pragma unroll
-        for (int j = 0; j < 2; ++j) {
-          const int row = warp * 16 + j * 8 + gid;
-          const uint4 b = *reinterpret_cast<const uint4 *>(s + row * 128 + (swz(row, ch) << 4));
-          if (!(p.diag & 1)) mma_k32<T>(acc1[j], a_lo, a_hi, b);
+        const uint4 a_lo = *reinterpret_cast<const uint4 *>(xs + gid * 256 + (swz(gid, ch) << 4));
+        const uint4 a_hi = *reinterpret_cast<const uint4 *>(xs + (gid + 8) * 256 + (swz(gid + 8, ch) << 4));
+        const uint4 b = *reinterpret_cast<const uint4 *>(s + row * 256 + (swz(row, ch) << 4));
+        if (!(p.diag & 1)) {
+          if (t & 1) mma_k32<T>(acc1[1], a_lo, a_hi, b);
+          else mma_k32<T>(acc1[0], a_lo, a_hi, b);
         }
       }
       if (t == T1 - 1) {
-        // gate (warps 0-3) and up (warps 4-7) accumulators meet in shared memory
+        // gate and up accumulators meet in shared memory
 #pragma unroll
-        for (int j = 0; j < 2; ++j) {
-          const int col = warp * 16 + j * 8 + tig * 2;
+        for (int j = 0; j < 2; ++j) {  // j = 0: gate columns 0..63, j = 1: up columns 64..127
+          const int col = j * kSlice + warp * 8 + tig * 2;
           *reinterpret_cast<float2 *>(gu + gid * 128 + col) = make_float2(acc1[j][0], acc1[j][1]);
           *reinterpret_cast<float2 *>(gu + (gid + 8) * 128 + col) = make_float2(acc1[j][2], acc1[j][3]);
         }
@@ -250,7 +256,7 @@ __global__ void __launch_bounds__(kThreads, kStages == 4 ? 2 : 1) geglu_mlp_deco
         __syncthreads();
       }
     } else {
-      const int tt = t - T1;
+      const int tt = rotate(t - T1);
       float acc2[4] = {};
 #pragma unroll
       for (int kk = 0; kk < 4; ++kk) {
@@ -265,12 +271,17 @@ __global__ void __launch_bounds__(kThreads, kStages == 4 ? 2 : 1) geglu_mlp_deco
       __syncthreads();
       if (kh == 0 && !(p.diag & 2)) {
         const float4 o = red[g2 * 32 + lane];
-        const int col = n20 + tt * kRows2 + g2 * 8 + tig * 2;
-        if (gid < p.M)
-          atomicAdd(reinterpret_cast<float2 *>(p.yacc + gid * H + col), make_float2(acc2[0] + o.x, acc2[1] + o.y));
-        if (gid + 8 < p.M)
-          atomicAdd(reinterpret_cast<float2 *>(p.yacc + (gid + 8) * H + col),
-                    make_float2(acc2[2] + o.z, acc2[3] + o.w));
+        const float v0 = acc2[0] + o.x, v1 = acc2[1] + o.y, v2 = acc2[2] + o.z, v3 = acc2[3] + o.w;
+        // Lanes tig and tig ^ 1 hold columns 2tig..2tig+1 of rows gid and gid + 8: the even lane adds
+        // four columns of row gid, the odd one four of row gid + 8 (one 16-byte atomic each, sm90).
+        const float p0 = __shfl_xor_sync(0xffffffffu, v0, 1), p1 = __shfl_xor_sync(0xffffffffu, v1, 1);
+        const float p2 = __shfl_xor_sync(0xffffffffu, v2, 1), p3 = __shfl_xor_sync(0xffffffffu, v3, 1);
+        const bool odd = tig & 1;
+        const int m = odd ? gid + 8 : gid;
+        const int col = n20 + tt * kRows2 + g2 * 8 + (tig & 2) * 2;
+        if (m < p.M)
+          atomicAdd(reinterpret_cast<float4 *>(p.yacc + m * H + col),
+                    odd ? make_float4(p2, p3, v2, v3) : make_float4(v0, v1, p0, p1));
       }
     }
   }
