@@ -5,34 +5,38 @@
 // and two kernels that only read the same bytes already take 15.3 us on the H200, above the 1.3x
 // target; one read-only kernel takes 12.9 us (benchmarks/results/decode-fused-*.json, README
 // "Gemma3-1B decode: one kernel or two"). A Triton one-kernel prototype lost on its fp32 partial sums:
-// every program added a [16, H] partial (8 MB of atomics at 108 programs). Here the CTAs of a
+// every program added a [16, H] partial with atomics (8 MB at 108 programs). Here the CTAs of a
 // thread-block cluster share their h slices through distributed shared memory first, so each
-// down-GEMM partial covers a cluster's 256 columns of I and only I/256 partials meet in L2.
+// down-GEMM partial covers a cluster's 256 columns of I, and the I/256 partials are summed after a
+// grid-wide barrier by every CTA at once, in a fixed order (no atomics on the data; deterministic).
 //
 // Layout of the work (kCluster = 4 CTAs per cluster, 256 threads per CTA):
 //   * CTA b owns the 64 columns [64b, 64b + 64) of I. Phase 1 streams those 64 rows of w_gate and of
-//     w_up (with x's matching 64 columns riding along) through a cp.async ring and computes
-//     gate/up [16, 64] with mma.sync m16n8k16 (tensor cores; the 16 rows of a decode step are one
-//     MMA row block), then h = gelu(gate) * up, rounded to the weights' dtype as a stored h would be.
-//   * The cluster's 4 CTAs exchange h through DSMEM: each then holds h[:, 256 cluster columns].
-//   * Phase 2: CTA rank r of the cluster computes the partial y[:, r H/4 .. (r+1) H/4) over the
-//     cluster's 256 columns of I, streaming those w_down rows (512 contiguous bytes each) through the
-//     same ring: the loads for phase 2 are issued while phase 1 finishes, so DRAM never waits on the
-//     phase change. The partial goes into an fp32 accumulator with vector atomics (float2, sm90).
-//   * The last CTA of each rank to finish (a ticket per rank) reads and zeroes the accumulator for
-//     its columns, adds b_down and writes y. The accumulator and tickets are zero between calls (the
-//     caller allocates them zeroed once; every call leaves them zeroed), so no memset runs per call.
-//     fp32 atomics make the order of the I/256 cluster partials vary between runs (the rounding to
-//     bf16 / fp16 hides it almost always): this path is not bitwise deterministic.
+//     w_up, in tiles of 64 rows x 128 k (256-byte runs of each row; x's matching columns ride along),
+//     through a cp.async ring, and computes gate/up [16, 64] with mma.sync m16n8k16 (the 16 rows of
+//     a decode step are one MMA row block); then h = gelu(gate) * up, rounded to the weights' dtype as
+//     a stored h would be.
+//   * The cluster's 4 CTAs exchange h through DSMEM: each then holds h[:, the cluster's 256 columns].
+//   * Phase 2: CTA rank r of the cluster computes the partial y[:, r H/4 .. (r+1) H/4) over those 256
+//     columns of I, streaming its w_down rows (512 contiguous bytes each) through the same ring: the
+//     phase-2 loads are in flight while phase 1 finishes, so DRAM does not wait on the phase change.
+//     The partial is stored (plain 16-byte stores) to partials[cluster].
+//   * Grid barrier (a 64-bit counter that only grows: each call adds the grid size and waits for the
+//     next multiple, so it never needs resetting), then each CTA sums a share of the [M, H] outputs
+//     over the clusters in cluster order, adds b_down and writes y. The launch is cooperative, so the
+//     whole grid is resident (or the launch fails) and the barrier cannot deadlock.
 //
 // mma.sync operand loads use one 16-byte shared-memory load per lane: lane (group g, thread t) loads
 // 8 consecutive k of one row, and the two k16 MMAs of a 32-wide k block take elements {0,1},{2,3}
 // and {4,5},{6,7} of it. A and B use the same k order, so the dot products are unchanged. Rows are
-// 128 or 512 bytes; the 16-byte chunk index is XORed with 4 on odd rows, so the two rows one
-// quarter-warp touches fall in different banks.
+// 256 or 512 bytes; the 16-byte chunk index is XORed with 4 on odd rows, so the two rows one
+// quarter-warp touches fall in different banks. Each 32-wide k block accumulates into its own
+// registers: one chain of dependent MMAs per tile was latency-bound (measured: 7.7 us of 24 at
+// Gemma3-1B).
 //
 // Requirements (checked by the host op): sm90, bf16 or fp16, M in 1..16, H % 128 == 0, I % 256 == 0,
-// every operand's last dimension contiguous with 16-byte aligned rows.
+// the grid (I / 64 CTAs) resident at once, every operand's last dimension contiguous with 16-byte
+// aligned rows.
 
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
@@ -60,8 +64,8 @@ constexpr int kThreads = 256;
 constexpr int kSlice = 64;                       // I columns per CTA (64 w_gate + 64 w_up rows)
 constexpr int kCluster = 4;                      // CTAs per cluster
 constexpr int kK2 = kSlice * kCluster;           // 256: the down GEMM's K per cluster
-constexpr int kTileK1 = 128;                     // phase-1 tile: 64 rows of w_gate or w_up x 128 k (16 KB)
-constexpr int kRows2 = 32;                       // phase-2 tile: 32 w_down rows x 256 k (16 KB)
+constexpr int kTileK1 = 128;                     // phase-1 tile: 64 rows of w_gate or w_up x 128 k
+constexpr int kRows2 = 32;                       // phase-2 tile: 32 w_down rows x 256 k
 constexpr int kMaxM = 16;
 constexpr int kWBytes = 16384;
 constexpr int kXBytes = kMaxM * kTileK1 * 2;     // x's 128 columns for a phase-1 tile
@@ -73,20 +77,20 @@ constexpr int kRedBytes = 4 * 32 * 16;             // phase-2 k-half exchange
 
 template <int kStages>
 constexpr int smem_bytes() {
-  return kStages * kStageBytes + kGuBytes + kHsBytes + kHcBytes + kRedBytes + 16;
+  return kStages * kStageBytes + kGuBytes + kHsBytes + kHcBytes + kRedBytes;
 }
 
 template <class T>
 struct Params {
   const T *x, *wg, *wu, *wd, *bg, *bu, *bd;
   T *y;
-  float *yacc;    // [16, H] fp32, zero between calls
-  int *tickets;   // [kCluster], zero between calls
+  float *partials;                  // [I / 256, 16, H] fp32, any contents
+  unsigned long long *barrier;      // zero when first used; only ever grows
   int M, H, I;
   int64_t ldx, ldwg, ldwu, ldwd, ldy;
   int approximate;
   // $FUSED_GEGLU_DECODE_DIAG (timing only, read per call): 1 = no MMA (the weight stream alone),
-  // 2 = no down-GEMM atomics and no y (the partials are dropped), 3 = neither, 0 = the real kernel.
+  // 2 = no partials and no y (the barrier stays), 3 = neither, 0 = the real kernel.
   int diag;
 };
 
@@ -103,6 +107,12 @@ __device__ __forceinline__ void cp_async16(uint32_t dst, const void *src, bool v
 __device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 template <int N>
 __device__ __forceinline__ void cp_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
+
+__device__ __forceinline__ unsigned long long ld_acquire(const unsigned long long *p) {
+  unsigned long long v;
+  asm volatile("ld.acquire.gpu.global.u64 %0, [%1];\n" : "=l"(v) : "l"(p) : "memory");
+  return v;
+}
 
 template <class T>
 __device__ __forceinline__ void mma16816(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
@@ -146,7 +156,7 @@ __device__ __forceinline__ float gelu(float g, int approximate) {
 }
 
 template <class T, int kStages>
-// 4 stages fit two CTAs per SM (94 KB of shared memory each), 8 stages one (168 KB).
+// 4 stages fit two CTAs per SM (100 KB of shared memory each), 8 stages one (180 KB).
 __global__ void __launch_bounds__(kThreads, kStages == 4 ? 2 : 1) geglu_mlp_decode_kernel(const Params<T> p) {
   extern __shared__ __align__(128) unsigned char smem[];
   unsigned char *ring = smem;
@@ -154,21 +164,17 @@ __global__ void __launch_bounds__(kThreads, kStages == 4 ? 2 : 1) geglu_mlp_deco
   T *hs = reinterpret_cast<T *>(smem + kStages * kStageBytes + kGuBytes);  // [16][64]
   unsigned char *hc = smem + kStages * kStageBytes + kGuBytes + kHsBytes;  // [16][256], swizzled
   float4 *red = reinterpret_cast<float4 *>(hc + kHcBytes);                 // [4][32]
-  int *last_flag = reinterpret_cast<int *>(hc + kHcBytes + kRedBytes);
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, gid = lane >> 2, tig = lane & 3;
   cg::cluster_group cluster = cg::this_cluster();
   const int rank = static_cast<int>(cluster.block_rank());
-  const int cl = blockIdx.x / kCluster;
+  const int cl = blockIdx.x / kCluster, n_clusters = gridDim.x / kCluster;
   const int i0 = blockIdx.x * kSlice;  // this CTA's columns of I
   const int k20 = cl * kK2;            // the cluster's columns of I (the down GEMM's K)
   // Phase-1 tiles alternate w_gate and w_up rows of one 128-wide k block (t & 1, t >> 1).
   const int H = p.H, T1 = 2 * (H / kTileK1), nq = H / kCluster, T2 = nq / kRows2, n_tiles = T1 + T2;
   const int n20 = rank * nq;           // this CTA's output columns
 
-  // Clusters walk their phase-2 tiles from different starting points, so the float atomics of
-  // different clusters land on different addresses at any one time.
-  auto rotate = [&](int tt) { return (tt + cl) % T2; };
   auto load_tile = [&](int t, int stage) {
     const uint32_t s = smem_u32(ring + stage * kStageBytes);
     if (t < T1) {
@@ -187,9 +193,9 @@ __global__ void __launch_bounds__(kThreads, kStages == 4 ? 2 : 1) geglu_mlp_deco
         cp_async16(s + kWBytes + row * 256 + (swz(row, c) << 4), src, valid);
       }
     } else {
-      const int tt = rotate(t - T1);
+      const int tt = t - T1;
 #pragma unroll
-      for (int i = 0; i < 4; ++i) {
+      for (int i = 0; i < 4; ++i) {  // 32 rows x 32 chunks: 512-byte runs
         const int q = tid + i * kThreads, row = q >> 5, c = q & 31;
         const T *src = p.wd + int64_t(n20 + tt * kRows2 + row) * p.ldwd + k20 + c * 8;
         cp_async16(s + row * 512 + (swz(row, c) << 4), src, true);
@@ -203,7 +209,7 @@ __global__ void __launch_bounds__(kThreads, kStages == 4 ? 2 : 1) geglu_mlp_deco
     cp_commit();
   }
 
-  float acc1[2][4] = {};
+  float acc1[2][4][4] = {};                 // [gate|up][k block of the tile][fragment]
   const int g2 = warp & 3, kh = warp >> 2;  // phase 2: 8-row group of the tile, half of the 256 k
   for (int t = 0; t < n_tiles; ++t) {
     cp_wait<kStages - 2>();
@@ -221,17 +227,20 @@ __global__ void __launch_bounds__(kThreads, kStages == 4 ? 2 : 1) geglu_mlp_deco
         const uint4 a_hi = *reinterpret_cast<const uint4 *>(xs + (gid + 8) * 256 + (swz(gid + 8, ch) << 4));
         const uint4 b = *reinterpret_cast<const uint4 *>(s + row * 256 + (swz(row, ch) << 4));
         if (!(p.diag & 1)) {
-          if (t & 1) mma_k32<T>(acc1[1], a_lo, a_hi, b);
-          else mma_k32<T>(acc1[0], a_lo, a_hi, b);
+          if (t & 1) mma_k32<T>(acc1[1][kb], a_lo, a_hi, b);
+          else mma_k32<T>(acc1[0][kb], a_lo, a_hi, b);
         }
       }
       if (t == T1 - 1) {
         // gate and up accumulators meet in shared memory
 #pragma unroll
         for (int j = 0; j < 2; ++j) {  // j = 0: gate columns 0..63, j = 1: up columns 64..127
+          float c[4];
+#pragma unroll
+          for (int e = 0; e < 4; ++e) c[e] = acc1[j][0][e] + acc1[j][1][e] + acc1[j][2][e] + acc1[j][3][e];
           const int col = j * kSlice + warp * 8 + tig * 2;
-          *reinterpret_cast<float2 *>(gu + gid * 128 + col) = make_float2(acc1[j][0], acc1[j][1]);
-          *reinterpret_cast<float2 *>(gu + (gid + 8) * 128 + col) = make_float2(acc1[j][2], acc1[j][3]);
+          *reinterpret_cast<float2 *>(gu + gid * 128 + col) = make_float2(c[0], c[1]);
+          *reinterpret_cast<float2 *>(gu + (gid + 8) * 128 + col) = make_float2(c[2], c[3]);
         }
         __syncthreads();
 #pragma unroll
@@ -256,8 +265,8 @@ __global__ void __launch_bounds__(kThreads, kStages == 4 ? 2 : 1) geglu_mlp_deco
         __syncthreads();
       }
     } else {
-      const int tt = rotate(t - T1);
-      float acc2[4] = {};
+      const int tt = t - T1;
+      float acc2[4][4] = {};
 #pragma unroll
       for (int kk = 0; kk < 4; ++kk) {
         const int ch = (kh * 4 + kk) * 4 + tig;
@@ -265,72 +274,69 @@ __global__ void __launch_bounds__(kThreads, kStages == 4 ? 2 : 1) geglu_mlp_deco
         const uint4 a_hi = *reinterpret_cast<const uint4 *>(hc + (gid + 8) * 512 + (swz(gid + 8, ch) << 4));
         const int row = g2 * 8 + gid;
         const uint4 b = *reinterpret_cast<const uint4 *>(s + row * 512 + (swz(row, ch) << 4));
-        if (!(p.diag & 1)) mma_k32<T>(acc2, a_lo, a_hi, b);
+        if (!(p.diag & 1)) mma_k32<T>(acc2[kk], a_lo, a_hi, b);
       }
-      if (kh == 1) red[g2 * 32 + lane] = make_float4(acc2[0], acc2[1], acc2[2], acc2[3]);
+      float v[4];
+#pragma unroll
+      for (int e = 0; e < 4; ++e) v[e] = acc2[0][e] + acc2[1][e] + acc2[2][e] + acc2[3][e];
+      if (kh == 1) red[g2 * 32 + lane] = make_float4(v[0], v[1], v[2], v[3]);
       __syncthreads();
       if (kh == 0 && !(p.diag & 2)) {
         const float4 o = red[g2 * 32 + lane];
-        const float v0 = acc2[0] + o.x, v1 = acc2[1] + o.y, v2 = acc2[2] + o.z, v3 = acc2[3] + o.w;
-        // Lanes tig and tig ^ 1 hold columns 2tig..2tig+1 of rows gid and gid + 8: the even lane adds
-        // four columns of row gid, the odd one four of row gid + 8 (one 16-byte atomic each, sm90).
-        const float p0 = __shfl_xor_sync(0xffffffffu, v0, 1), p1 = __shfl_xor_sync(0xffffffffu, v1, 1);
-        const float p2 = __shfl_xor_sync(0xffffffffu, v2, 1), p3 = __shfl_xor_sync(0xffffffffu, v3, 1);
+        v[0] += o.x, v[1] += o.y, v[2] += o.z, v[3] += o.w;
+        // Lanes tig and tig ^ 1 hold columns 2tig..2tig+1 of rows gid and gid + 8: the even lane
+        // stores four columns of row gid, the odd one four of row gid + 8 (16 bytes each).
+        const float p0 = __shfl_xor_sync(0xffffffffu, v[0], 1), p1 = __shfl_xor_sync(0xffffffffu, v[1], 1);
+        const float p2 = __shfl_xor_sync(0xffffffffu, v[2], 1), p3 = __shfl_xor_sync(0xffffffffu, v[3], 1);
         const bool odd = tig & 1;
         const int m = odd ? gid + 8 : gid;
         const int col = n20 + tt * kRows2 + g2 * 8 + (tig & 2) * 2;
         if (m < p.M)
-          atomicAdd(reinterpret_cast<float4 *>(p.yacc + m * H + col),
-                    odd ? make_float4(p2, p3, v2, v3) : make_float4(v0, v1, p0, p1));
+          __stcg(reinterpret_cast<float4 *>(p.partials + (int64_t(cl) * kMaxM + m) * H + col),
+                 odd ? make_float4(p2, p3, v[2], v[3]) : make_float4(v[0], v[1], p0, p1));
       }
     }
   }
   cp_wait<0>();
 
-  // Ticket: the last CTA of this rank (one per cluster adds to these columns) writes y.
+  // Grid barrier: every cluster's partial is stored. The counter grows by the grid size per call.
   __threadfence();
   __syncthreads();
   if (tid == 0) {
-    const int before = atomicAdd(p.tickets + rank, 1);
-    __threadfence();
-    *last_flag = before == static_cast<int>(gridDim.x / kCluster) - 1;
+    const unsigned long long g = gridDim.x;
+    const unsigned long long target = (atomicAdd(p.barrier, 1ULL) / g + 1) * g;
+    while (ld_acquire(p.barrier) < target) __nanosleep(32);
   }
   __syncthreads();
-  if (*last_flag) {
-    if (tid == 0) p.tickets[rank] = 0;  // every CTA of this rank has taken its ticket
-  }
-  if (*last_flag && !(p.diag & 2)) {
-    // Read every sum first (independent 16-byte L2 loads in flight together), then zero and store:
-    // one atomicExch per element ran at one L2 round trip per element per thread.
-    __threadfence();
-    const int n4 = p.M * nq / 4;  // nq % 32 == 0: float4 groups never straddle a row
-    constexpr int kPer = 16;      // float4 per thread per pass: 16 x 256 x 4 = 16384 floats
-    for (int base = 0; base < n4; base += kPer * kThreads) {
-      float4 v[kPer];
+
+  if (!(p.diag & 2)) {
+    // y[m, 4q..4q+3] = sum over clusters, in cluster order, + b_down: float4 groups spread over every
+    // thread of the grid.
+    const int per_row = H / 4, n4 = p.M * per_row, stride = gridDim.x * kThreads;
+    for (int q = blockIdx.x + gridDim.x * tid; q < n4; q += stride) {
+      const int m = q / per_row, c = (q % per_row) * 4;
+      const float *src = p.partials + int64_t(m) * H + c;
+      float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+      int k = 0;
+      for (; k + 4 <= n_clusters; k += 4) {
+        float4 v[4];
 #pragma unroll
-      for (int j = 0; j < kPer; ++j) {
-        const int q = base + j * kThreads + tid;
-        if (q < n4) {
-          const int m = q / (nq / 4), c = n20 + (q % (nq / 4)) * 4;
-          v[j] = __ldcg(reinterpret_cast<const float4 *>(p.yacc + m * H + c));
-        }
+        for (int j = 0; j < 4; ++j) v[j] = __ldcg(reinterpret_cast<const float4 *>(src + int64_t(k + j) * kMaxM * H));
+#pragma unroll
+        for (int j = 0; j < 4; ++j) acc.x += v[j].x, acc.y += v[j].y, acc.z += v[j].z, acc.w += v[j].w;
       }
-#pragma unroll
-      for (int j = 0; j < kPer; ++j) {
-        const int q = base + j * kThreads + tid;
-        if (q < n4) {
-          const int m = q / (nq / 4), c = n20 + (q % (nq / 4)) * 4;
-          __stcg(reinterpret_cast<float4 *>(p.yacc + m * H + c), make_float4(0.f, 0.f, 0.f, 0.f));
-          float o[4] = {v[j].x, v[j].y, v[j].z, v[j].w};
-          if (p.bd != nullptr) {
-#pragma unroll
-            for (int e = 0; e < 4; ++e) o[e] += to_f(p.bd[c + e]);
-          }
-          T *dst = p.y + m * p.ldy + c;
-#pragma unroll
-          for (int e = 0; e < 4; ++e) dst[e] = from_f<T>(o[e]);
-        }
+      for (; k < n_clusters; ++k) {
+        const float4 v = __ldcg(reinterpret_cast<const float4 *>(src + int64_t(k) * kMaxM * H));
+        acc.x += v.x, acc.y += v.y, acc.z += v.z, acc.w += v.w;
       }
+      float o[4] = {acc.x, acc.y, acc.z, acc.w};
+      if (p.bd != nullptr) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) o[e] += to_f(p.bd[c + e]);
+      }
+      T *dst = p.y + int64_t(m) * p.ldy + c;
+#pragma unroll
+      for (int e = 0; e < 4; ++e) dst[e] = from_f<T>(o[e]);
     }
   }
   asm volatile("barrier.cluster.wait.aligned;\n" ::: "memory");
@@ -340,23 +346,33 @@ template <class T, int kStages>
 void launch(const Params<T> &p, int device, cudaStream_t stream) {
   auto *kernel = geglu_mlp_decode_kernel<T, kStages>;
   constexpr int smem = smem_bytes<kStages>();
-  // The shared-memory opt-in is per kernel and device: set once, not per call (a driver call each).
-  static std::once_flag once[64];
-  std::call_once(once[device & 63], [&] {
-    C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-  });
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = dim3(p.I / kSlice);
   cfg.blockDim = dim3(kThreads);
   cfg.dynamicSmemBytes = smem;
   cfg.stream = stream;
-  cudaLaunchAttribute attr[1];
+  cudaLaunchAttribute attr[2];
   attr[0].id = cudaLaunchAttributeClusterDimension;
   attr[0].val.clusterDim.x = kCluster;
   attr[0].val.clusterDim.y = 1;
   attr[0].val.clusterDim.z = 1;
+  attr[1].id = cudaLaunchAttributeCooperative;  // the grid barrier needs every CTA resident
+  attr[1].val.cooperative = 1;
   cfg.attrs = attr;
-  cfg.numAttrs = 1;
+  cfg.numAttrs = 2;
+  // The shared-memory opt-in is per kernel and device: set once, not per call (a driver call each).
+  // The number of clusters the device can hold at once is read at the same time.
+  static std::once_flag once[64];
+  static int max_clusters[64];
+  std::call_once(once[device & 63], [&] {
+    C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+    cudaLaunchConfig_t occ = cfg;
+    occ.numAttrs = 1;  // the cluster shape only
+    C10_CUDA_CHECK(cudaOccupancyMaxActiveClusters(&max_clusters[device & 63], kernel, &occ));
+  });
+  TORCH_CHECK(int(cfg.gridDim.x) / kCluster <= max_clusters[device & 63], "geglu_mlp_decode_sm90: I = ", p.I,
+              " needs ", cfg.gridDim.x / kCluster, " clusters of ", kCluster, " resident at once with ", kStages,
+              " stages; this GPU holds ", max_clusters[device & 63]);
   C10_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, p));
 }
 
@@ -382,7 +398,7 @@ const void *bias_ptr(std::optional<at::Tensor> const &b, const char *name, at::T
 template <class T>
 void run(at::Tensor &y, at::Tensor const &x, at::Tensor const &w_gate, at::Tensor const &w_up,
          at::Tensor const &w_down, const void *bg, const void *bu, const void *bd, int64_t approximate,
-         at::Tensor &yacc, at::Tensor &tickets, int64_t stages) {
+         at::Tensor &partials, at::Tensor &barrier, int64_t stages) {
   Params<T> p{};
   p.x = static_cast<const T *>(x.data_ptr());
   p.wg = static_cast<const T *>(w_gate.data_ptr());
@@ -392,8 +408,8 @@ void run(at::Tensor &y, at::Tensor const &x, at::Tensor const &w_gate, at::Tenso
   p.bu = static_cast<const T *>(bu);
   p.bd = static_cast<const T *>(bd);
   p.y = static_cast<T *>(y.data_ptr());
-  p.yacc = yacc.data_ptr<float>();
-  p.tickets = tickets.data_ptr<int>();
+  p.partials = partials.data_ptr<float>();
+  p.barrier = reinterpret_cast<unsigned long long *>(barrier.data_ptr<int64_t>());
   p.M = int(x.size(0));
   p.H = int(x.size(1));
   p.I = int(w_gate.size(0));
@@ -415,7 +431,7 @@ void run(at::Tensor &y, at::Tensor const &x, at::Tensor const &w_gate, at::Tenso
 at::Tensor geglu_mlp_decode_sm90(at::Tensor const &x, at::Tensor const &w_gate, at::Tensor const &w_up,
                                  at::Tensor const &w_down, std::optional<at::Tensor> const &b_gate,
                                  std::optional<at::Tensor> const &b_up, std::optional<at::Tensor> const &b_down,
-                                 int64_t approximate, at::Tensor &yacc, at::Tensor &tickets, int64_t stages) {
+                                 int64_t approximate, at::Tensor &partials, at::Tensor &barrier, int64_t stages) {
   TORCH_CHECK(x.is_cuda() && x.dim() == 2, "geglu_mlp_decode_sm90: x must be a 2-D CUDA tensor, got ",
               x.sizes(), " on ", x.device());
   TORCH_CHECK(x.scalar_type() == at::kBFloat16 || x.scalar_type() == at::kHalf,
@@ -424,30 +440,37 @@ at::Tensor geglu_mlp_decode_sm90(at::Tensor const &x, at::Tensor const &w_gate, 
   TORCH_CHECK(M >= 1 && M <= kMaxM, "geglu_mlp_decode_sm90: x must have 1 to ", kMaxM, " rows, got ", M);
   TORCH_CHECK(H % 128 == 0 && H > 0 && H <= 16384, "geglu_mlp_decode_sm90: H must be a positive multiple of "
               "128 up to 16384, got ", H);
-  TORCH_CHECK(I % kK2 == 0 && I > 0 && I / kSlice <= 65535, "geglu_mlp_decode_sm90: I must be a positive "
-              "multiple of ", kK2, ", got ", I);
+  TORCH_CHECK(I % kK2 == 0 && I > 0 && I <= 65536, "geglu_mlp_decode_sm90: I must be a positive multiple of ",
+              kK2, " up to 65536, got ", I);
   TORCH_CHECK(approximate == 0 || approximate == 1, "geglu_mlp_decode_sm90: approximate must be 0 (erf) or "
               "1 (tanh), got ", approximate);
-  TORCH_CHECK(stages == 4 || stages == 8, "geglu_mlp_decode_sm90: stages must be 4 or 8, got ", stages);
+  TORCH_CHECK(stages == 0 || stages == 4 || stages == 8, "geglu_mlp_decode_sm90: stages must be 0 (by size), 4 "
+              "or 8, got ", stages);
   check_2d(x, "x", x, M, H);
   check_2d(w_gate, "w_gate", x, I, H);
   check_2d(w_up, "w_up", x, I, H);
   check_2d(w_down, "w_down", x, H, I);
-  TORCH_CHECK(yacc.device() == x.device() && yacc.scalar_type() == at::kFloat && yacc.is_contiguous() &&
-                  yacc.numel() >= kMaxM * H,
-              "geglu_mlp_decode_sm90: yacc must be a contiguous float32 tensor of at least ", kMaxM * H,
-              " zeros on ", x.device());
-  TORCH_CHECK(tickets.device() == x.device() && tickets.scalar_type() == at::kInt && tickets.is_contiguous() &&
-                  tickets.numel() >= kCluster,
-              "geglu_mlp_decode_sm90: tickets must be a contiguous int32 tensor of at least ", kCluster,
-              " zeros on ", x.device());
+  const int64_t n_partials = I / kK2 * kMaxM * H;
+  TORCH_CHECK(partials.device() == x.device() && partials.scalar_type() == at::kFloat &&
+                  partials.is_contiguous() && partials.numel() >= n_partials,
+              "geglu_mlp_decode_sm90: partials must be a contiguous float32 tensor of at least I / 256 * 16 * H = ",
+              n_partials, " elements on ", x.device());
+  TORCH_CHECK(barrier.device() == x.device() && barrier.scalar_type() == at::kLong && barrier.is_contiguous() &&
+                  barrier.numel() >= 1,
+              "geglu_mlp_decode_sm90: barrier must be a contiguous int64 tensor (zero when first used) on ",
+              x.device());
   const void *bg = bias_ptr(b_gate, "b_gate", x, I), *bu = bias_ptr(b_up, "b_up", x, I),
              *bd = bias_ptr(b_down, "b_down", x, H);
   const c10::cuda::CUDAGuard guard(x.device());
+  if (stages == 0) {  // one CTA per SM while the grid fits that way (8 stages), else two (4 stages)
+    int sms = 0;
+    C10_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, x.get_device()));
+    stages = I / kSlice <= sms ? 8 : 4;
+  }
   at::Tensor y = at::empty({M, H}, x.options());
   if (x.scalar_type() == at::kBFloat16)
-    run<__nv_bfloat16>(y, x, w_gate, w_up, w_down, bg, bu, bd, approximate, yacc, tickets, stages);
+    run<__nv_bfloat16>(y, x, w_gate, w_up, w_down, bg, bu, bd, approximate, partials, barrier, stages);
   else
-    run<__half>(y, x, w_gate, w_up, w_down, bg, bu, bd, approximate, yacc, tickets, stages);
+    run<__half>(y, x, w_gate, w_up, w_down, bg, bu, bd, approximate, partials, barrier, stages);
   return y;
 }
