@@ -30,9 +30,10 @@
 // 8 consecutive k of one row, and the two k16 MMAs of a 32-wide k block take elements {0,1},{2,3}
 // and {4,5},{6,7} of it. A and B use the same k order, so the dot products are unchanged. Rows are
 // 256 or 512 bytes; the 16-byte chunk index is XORed with 4 on odd rows, so the two rows one
-// quarter-warp touches fall in different banks. Each 32-wide k block accumulates into its own
-// registers: one chain of dependent MMAs per tile was latency-bound (measured: 7.7 us of 24 at
-// Gemma3-1B).
+// quarter-warp touches fall in different banks. Shared-memory traffic is what the MMAs cost here
+// (measured at Gemma3-1B: 5.5 us of 25 with every warp loading its own x and h fragments per tile),
+// so in phase 1 a warp takes one 32-wide k block of 32 rows (one x fragment for four MMAs), and in
+// phase 2 h's fragments are loaded into registers once.
 //
 // Requirements (checked by the host op): sm90, bf16 or fp16, M in 1..16, H % 128 == 0, I % 256 == 0,
 // the grid (I / 64 CTAs) resident at once, every operand's last dimension contiguous with 16-byte
@@ -209,8 +210,10 @@ __global__ void __launch_bounds__(kThreads, kStages == 4 ? 2 : 1) geglu_mlp_deco
     cp_commit();
   }
 
-  float acc1[2][4][4] = {};                 // [gate|up][k block of the tile][fragment]
+  float acc1[2][4][4] = {};                 // [gate|up][8-row group][fragment]
+  const int kq = warp & 3, rh = warp >> 2;  // phase 1: k32 block of the tile, 32-row half
   const int g2 = warp & 3, kh = warp >> 2;  // phase 2: 8-row group of the tile, half of the 256 k
+  uint4 h_lo[4], h_hi[4];                   // phase 2: this warp's h fragments (rows gid, gid + 8)
   for (int t = 0; t < n_tiles; ++t) {
     cp_wait<kStages - 2>();
     __syncthreads();
@@ -218,29 +221,44 @@ __global__ void __launch_bounds__(kThreads, kStages == 4 ? 2 : 1) geglu_mlp_deco
     cp_commit();
     const unsigned char *s = ring + (t % kStages) * kStageBytes;
     if (t < T1) {
+      // Warp w: k32 block kq = w & 3 of the tile, rows 32 (w >> 2) .. + 32 (four 8-row groups), so
+      // each x fragment loaded from shared memory serves four MMAs (one per group).
       const unsigned char *xs = s + kWBytes;
-      const int row = warp * 8 + gid;  // warp w: rows 8w..8w+7 of the tile, all 128 k
+      const int ch = kq * 4 + tig;
+      const uint4 a_lo = *reinterpret_cast<const uint4 *>(xs + gid * 256 + (swz(gid, ch) << 4));
+      const uint4 a_hi = *reinterpret_cast<const uint4 *>(xs + (gid + 8) * 256 + (swz(gid + 8, ch) << 4));
 #pragma unroll
-      for (int kb = 0; kb < 4; ++kb) {
-        const int ch = kb * 4 + tig;
-        const uint4 a_lo = *reinterpret_cast<const uint4 *>(xs + gid * 256 + (swz(gid, ch) << 4));
-        const uint4 a_hi = *reinterpret_cast<const uint4 *>(xs + (gid + 8) * 256 + (swz(gid + 8, ch) << 4));
+      for (int g = 0; g < 4; ++g) {
+        const int row = rh * 32 + g * 8 + gid;
         const uint4 b = *reinterpret_cast<const uint4 *>(s + row * 256 + (swz(row, ch) << 4));
         if (!(p.diag & 1)) {
-          if (t & 1) mma_k32<T>(acc1[1][kb], a_lo, a_hi, b);
-          else mma_k32<T>(acc1[0][kb], a_lo, a_hi, b);
+          if (t & 1) mma_k32<T>(acc1[1][g], a_lo, a_hi, b);
+          else mma_k32<T>(acc1[0][g], a_lo, a_hi, b);
         }
       }
       if (t == T1 - 1) {
-        // gate and up accumulators meet in shared memory
+        // gate and up accumulators meet in shared memory: the four k blocks' partials are added in
+        // k order, one k block per step (deterministic)
+        for (int step = 0; step < 4; ++step) {
+          if (kq == step) {
 #pragma unroll
-        for (int j = 0; j < 2; ++j) {  // j = 0: gate columns 0..63, j = 1: up columns 64..127
-          float c[4];
+            for (int j = 0; j < 2; ++j) {  // j = 0: gate columns 0..63, j = 1: up columns 64..127
 #pragma unroll
-          for (int e = 0; e < 4; ++e) c[e] = acc1[j][0][e] + acc1[j][1][e] + acc1[j][2][e] + acc1[j][3][e];
-          const int col = j * kSlice + warp * 8 + tig * 2;
-          *reinterpret_cast<float2 *>(gu + gid * 128 + col) = make_float2(c[0], c[1]);
-          *reinterpret_cast<float2 *>(gu + (gid + 8) * 128 + col) = make_float2(c[2], c[3]);
+              for (int g = 0; g < 4; ++g) {
+                const int col = j * kSlice + rh * 32 + g * 8 + tig * 2;
+                float2 *lo = reinterpret_cast<float2 *>(gu + gid * 128 + col);
+                float2 *hi = reinterpret_cast<float2 *>(gu + (gid + 8) * 128 + col);
+                float2 vlo = make_float2(acc1[j][g][0], acc1[j][g][1]);
+                float2 vhi = make_float2(acc1[j][g][2], acc1[j][g][3]);
+                if (step > 0) {
+                  vlo.x += lo->x, vlo.y += lo->y, vhi.x += hi->x, vhi.y += hi->y;
+                }
+                *lo = vlo;
+                *hi = vhi;
+              }
+            }
+          }
+          __syncthreads();
         }
         __syncthreads();
 #pragma unroll
@@ -263,6 +281,13 @@ __global__ void __launch_bounds__(kThreads, kStages == 4 ? 2 : 1) geglu_mlp_deco
         // Peers may still be reading this CTA's h: arrive now, wait before exiting.
         asm volatile("barrier.cluster.arrive.aligned;\n" ::: "memory");
         __syncthreads();
+        // Phase 2 multiplies every w_down tile by the same h: its fragments stay in registers.
+#pragma unroll
+        for (int kk = 0; kk < 4; ++kk) {
+          const int c2 = (kh * 4 + kk) * 4 + tig;
+          h_lo[kk] = *reinterpret_cast<const uint4 *>(hc + gid * 512 + (swz(gid, c2) << 4));
+          h_hi[kk] = *reinterpret_cast<const uint4 *>(hc + (gid + 8) * 512 + (swz(gid + 8, c2) << 4));
+        }
       }
     } else {
       const int tt = t - T1;
@@ -270,11 +295,9 @@ __global__ void __launch_bounds__(kThreads, kStages == 4 ? 2 : 1) geglu_mlp_deco
 #pragma unroll
       for (int kk = 0; kk < 4; ++kk) {
         const int ch = (kh * 4 + kk) * 4 + tig;
-        const uint4 a_lo = *reinterpret_cast<const uint4 *>(hc + gid * 512 + (swz(gid, ch) << 4));
-        const uint4 a_hi = *reinterpret_cast<const uint4 *>(hc + (gid + 8) * 512 + (swz(gid + 8, ch) << 4));
         const int row = g2 * 8 + gid;
         const uint4 b = *reinterpret_cast<const uint4 *>(s + row * 512 + (swz(row, ch) << 4));
-        if (!(p.diag & 1)) mma_k32<T>(acc2[kk], a_lo, a_hi, b);
+        if (!(p.diag & 1)) mma_k32<T>(acc2[kk], h_lo[kk], h_hi[kk], b);
       }
       float v[4];
 #pragma unroll
@@ -310,33 +333,46 @@ __global__ void __launch_bounds__(kThreads, kStages == 4 ? 2 : 1) geglu_mlp_deco
   __syncthreads();
 
   if (!(p.diag & 2)) {
-    // y[m, 4q..4q+3] = sum over clusters, in cluster order, + b_down: float4 groups spread over every
-    // thread of the grid.
-    const int per_row = H / 4, n4 = p.M * per_row, stride = gridDim.x * kThreads;
-    for (int q = blockIdx.x + gridDim.x * tid; q < n4; q += stride) {
-      const int m = q / per_row, c = (q % per_row) * 4;
+    // y[m, 4q..4q+3] = sum over clusters + b_down, float4 groups spread over every warp of the grid:
+    // tpg lanes per group each add every tpg-th cluster's partial (up to 8 loads in flight), then a
+    // butterfly adds the lanes. The order depends only on the sizes, so the result is deterministic.
+    const int per_row = H / 4, n4 = p.M * per_row, n_warps = gridDim.x * (kThreads / 32);
+    int tpg = 32;
+    while (tpg > 1 && n4 * tpg > n_warps * 32) tpg >>= 1;
+    const int gpw = 32 / tpg, sub = lane % tpg;
+    for (int base = (warp * gridDim.x + blockIdx.x) * gpw; base < n4; base += n_warps * gpw) {
+      const int q = base + lane / tpg;
+      const bool valid = q < n4;
+      const int m = valid ? q / per_row : 0, c = valid ? (q % per_row) * 4 : 0;
       const float *src = p.partials + int64_t(m) * H + c;
       float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
-      int k = 0;
-      for (; k + 4 <= n_clusters; k += 4) {
-        float4 v[4];
+      for (int k0 = sub; k0 < n_clusters; k0 += 8 * tpg) {
+        float4 v[8];
 #pragma unroll
-        for (int j = 0; j < 4; ++j) v[j] = __ldcg(reinterpret_cast<const float4 *>(src + int64_t(k + j) * kMaxM * H));
+        for (int j = 0; j < 8; ++j) {
+          const int k = k0 + j * tpg;
+          v[j] = valid && k < n_clusters ? __ldcg(reinterpret_cast<const float4 *>(src + int64_t(k) * kMaxM * H))
+                                         : make_float4(0.f, 0.f, 0.f, 0.f);
+        }
 #pragma unroll
-        for (int j = 0; j < 4; ++j) acc.x += v[j].x, acc.y += v[j].y, acc.z += v[j].z, acc.w += v[j].w;
+        for (int j = 0; j < 8; ++j) acc.x += v[j].x, acc.y += v[j].y, acc.z += v[j].z, acc.w += v[j].w;
       }
-      for (; k < n_clusters; ++k) {
-        const float4 v = __ldcg(reinterpret_cast<const float4 *>(src + int64_t(k) * kMaxM * H));
-        acc.x += v.x, acc.y += v.y, acc.z += v.z, acc.w += v.w;
+      for (int off = tpg / 2; off >= 1; off >>= 1) {
+        acc.x += __shfl_xor_sync(0xffffffffu, acc.x, off);
+        acc.y += __shfl_xor_sync(0xffffffffu, acc.y, off);
+        acc.z += __shfl_xor_sync(0xffffffffu, acc.z, off);
+        acc.w += __shfl_xor_sync(0xffffffffu, acc.w, off);
       }
-      float o[4] = {acc.x, acc.y, acc.z, acc.w};
-      if (p.bd != nullptr) {
+      if (valid && sub == 0) {
+        float o[4] = {acc.x, acc.y, acc.z, acc.w};
+        if (p.bd != nullptr) {
 #pragma unroll
-        for (int e = 0; e < 4; ++e) o[e] += to_f(p.bd[c + e]);
+          for (int e = 0; e < 4; ++e) o[e] += to_f(p.bd[c + e]);
+        }
+        T *dst = p.y + int64_t(m) * p.ldy + c;
+#pragma unroll
+        for (int e = 0; e < 4; ++e) dst[e] = from_f<T>(o[e]);
       }
-      T *dst = p.y + int64_t(m) * p.ldy + c;
-#pragma unroll
-      for (int e = 0; e < 4; ++e) dst[e] = from_f<T>(o[e]);
     }
   }
   asm volatile("barrier.cluster.wait.aligned;\n" ::: "memory");
