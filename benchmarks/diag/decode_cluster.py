@@ -17,7 +17,8 @@ n weight sets (4x L2, so weights come from DRAM) per variant, µs per call over 
 - `cluster/s8`, `cluster/s4`: an 8- or 4-stage ring;
 - `cluster diag=1` / `diag=2` / `diag=3`: timing only ($FUSED_GEGLU_DECODE_DIAG, read when the graph
   is captured): the weight stream without the MMAs / without the partials and the final sum /
-  without either.
+  without either; `diag=4` / `diag=7`: the same without loading x's columns with each phase-1 tile
+  (wrong results, timing only).
 
     python3 benchmarks/diag/decode_cluster.py --out DIR [--shapes gemma3-1b,gemma-2b,gemma2-9b]
 """
@@ -105,6 +106,8 @@ def main() -> None:
             "cluster diag=1": cluster(0, diag=1),
             "cluster diag=2": cluster(0, diag=2),
             "cluster diag=3": cluster(0, diag=3),
+            "cluster diag=4": cluster(0, diag=4),
+            "cluster diag=7": cluster(0, diag=7),
         }
         entries = {}
         for lab, fn in variants.items():

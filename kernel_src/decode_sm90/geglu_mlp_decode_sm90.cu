@@ -91,7 +91,8 @@ struct Params {
   int64_t ldx, ldwg, ldwu, ldwd, ldy;
   int approximate;
   // $FUSED_GEGLU_DECODE_DIAG (timing only, read per call): 1 = no MMA (the weight stream alone),
-  // 2 = no partials and no y (the barrier stays), 3 = neither, 0 = the real kernel.
+  // 2 = no partials and no y (the barrier stays), 3 = neither, 4 = x not loaded (wrong results), 0 = the
+  // real kernel.
   int diag;
 };
 
@@ -187,7 +188,7 @@ __global__ void __launch_bounds__(kThreads, kStages == 4 ? 2 : 1) geglu_mlp_deco
         const int q = tid + i * kThreads, row = q >> 4, c = q & 15;
         cp_async16(s + row * 256 + (swz(row, c) << 4), w + int64_t(i0 + row) * ldw + k0 + c * 8, true);
       }
-      {  // x's 16 rows x 16 chunks, zeros past M
+      if (!(p.diag & 4)) {  // x's 16 rows x 16 chunks, zeros past M
         const int row = tid >> 4, c = tid & 15;
         const bool valid = row < p.M;
         const T *src = p.x + int64_t(valid ? row : 0) * p.ldx + k0 + c * 8;
