@@ -57,13 +57,6 @@ TORCH_LIBRARY_EXPAND(TORCH_EXTENSION_NAME, ops) {
       "geglu_mlp_sm90(Tensor x, Tensor w_gate, Tensor w_up, Tensor w_down, Tensor? b_gate, Tensor? b_up, "
       "Tensor? b_down, int approximate, int tile=-1, int swizzle=1, int raster=0) -> Tensor");
   ops.impl("geglu_mlp_sm90", c10::kCUDA, &geglu_mlp_sm90);
-  // The decode-size MLP as one kernel (kernel_src/decode_sm90): partials / barrier are the caller's
-  // scratch (the barrier counter persists between calls).
-  ops.def(
-      "geglu_mlp_decode_sm90(Tensor x, Tensor w_gate, Tensor w_up, Tensor w_down, Tensor? b_gate, "
-      "Tensor? b_up, Tensor? b_down, int approximate, Tensor(a!) partials, Tensor(b!) barrier, int stages=0) "
-      "-> Tensor");
-  ops.impl("geglu_mlp_decode_sm90", c10::kCUDA, &geglu_mlp_decode_sm90);
   ops.def(
       "geglu_dh_sm90(Tensor(a!) gate, Tensor(b!) up, Tensor(c!) h_out, Tensor dy, Tensor w_down, "
       "int approximate, int swizzle=1, int raster=0) -> ()");

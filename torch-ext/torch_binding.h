@@ -76,15 +76,6 @@ at::Tensor geglu_mlp_sm90(at::Tensor const &x, at::Tensor const &w_gate, at::Ten
                           at::Tensor const &w_down, std::optional<at::Tensor> const &b_gate,
                           std::optional<at::Tensor> const &b_up, std::optional<at::Tensor> const &b_down,
                           int64_t approximate, int64_t tile, int64_t swizzle, int64_t raster);
-// sm90: the whole MLP at decode sizes (1 to 16 rows of x) as one kernel (kernel_src/decode_sm90/):
-// y[M,H] = (gelu(x w_gate^T + b_gate) * (x w_up^T + b_up)) w_down^T + b_down, bf16 / fp16, H % 128 == 0,
-// I % 256 == 0. partials: float32 scratch of at least I / 256 * 16 * H elements (any contents);
-// barrier: one int64, zero when first used, left for the next call (it only grows): the caller keeps
-// both per device and stream. stages: cp.async ring depth, 4 or 8, or 0 to choose by size.
-at::Tensor geglu_mlp_decode_sm90(at::Tensor const &x, at::Tensor const &w_gate, at::Tensor const &w_up,
-                                 at::Tensor const &w_down, std::optional<at::Tensor> const &b_gate,
-                                 std::optional<at::Tensor> const &b_up, std::optional<at::Tensor> const &b_down,
-                                 int64_t approximate, at::Tensor &partials, at::Tensor &barrier, int64_t stages);
 // sm90a CUTLASS GEMM dh = dy @ w_down with the GeGLU-backward epilogue (kernel_src/gemm_sm90/
 // geglu_dh_sm90.h): gate <- dgate, up <- dup in place, h_out = gelu(gate) * up.
 void geglu_dh_sm90(at::Tensor &gate, at::Tensor &up, at::Tensor &h_out, at::Tensor const &dy,
