@@ -424,6 +424,33 @@ def test_geglu_mlp_auto_between_decode_and_prefill(kernel, device, m, h, capture
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("m", [100, 129, 300, 520, 700, 1000])
+@pytest.mark.parametrize("h", [768, 1152, 2048, 3584])
+def test_geglu_mlp_forced_cuda_between_decode_and_prefill(kernel, device, monkeypatch, m, h):
+    """backend="cuda" at M = 65..1023: the CUTLASS gate+up GEMM with the launch the auto rules name,
+    or where they leave cuBLAS + pointwise the forced rule's (the op's heuristic at widths nothing
+    measured), and the output right against float64."""
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("the policy measured here is the sm_90 one")
+    monkeypatch.delenv("FUSED_GEGLU_SM90_MLP", raising=False)
+    i = 712
+    x = randn(m, h, dtype=torch.bfloat16, device=device)
+    params = [p.detach() for p in _params(h, i, torch.bfloat16, device, biases=True)]
+    policy = importlib.import_module(kernel.__name__ + ".policy")
+    sm90 = importlib.import_module(kernel.__name__ + ".sm90_weights")
+    launches = []
+    real = sm90.mlp_sm90
+    monkeypatch.setattr(sm90, "mlp_sm90", lambda *a: launches.append(a[-1]) or real(*a))
+    with torch.no_grad():
+        y = kernel.geglu_mlp(x, *params, approximate="tanh", backend="cuda")
+    assert kernel.last_backend("geglu_mlp") == "cuda:sm90"
+    auto = policy.sm90_mlp_launch(m, h, x.device)
+    assert launches == [auto if auto is not None else policy.sm90_forced_launch(m, h, x.device)]
+    ref = kernel.reference.geglu_mlp_ref(x, *params, approximate="tanh")
+    assert_close(y, ref, _eager(x, *params, "tanh"), f"geglu_mlp forced cuda at M={m}, H={h} ({launches})")
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("tile", SM90_TILES)
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
 @pytest.mark.parametrize("approximate", ["tanh", "none"])
