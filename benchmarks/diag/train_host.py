@@ -16,6 +16,13 @@ compiled call each (``mlp.ONE_CALL``, the default) and from Python, and eager, i
 rounds (order reversed every other round), since the host's speed drifts by more between runs than
 the difference being measured.
 
+``--ab-train-launch R`` times, in R interleaved rounds, one step of eager, of ours with the auto policy
+(below M = 1024: the cuBLAS + pointwise training forward from one compiled call) and of ours with the
+CUTLASS gate+up GEMM forced for the training forward (``$FUSED_GEGLU_SM90_MLP``: 64x128pp/s1 and
+128x128/s1): host µs per step and wall µs per step (40 steps between two synchronisations). The
+harness measured the forced CUTLASS step faster than auto at M = 16 in three of four runs; this asks
+whether a training rule should say so.
+
 ``--micro`` adds, per shape at the first M, what one ``F.linear`` (the gate GEMM's shape) costs on
 the host in each setting the two providers call it in: grad mode off, grad mode on with a weight
 that requires grad (eager's forward), and inside a bare ``autograd.Function`` forward (ours'), plus
@@ -34,6 +41,7 @@ import os
 import pstats
 import statistics
 import sys
+import time
 
 import torch
 
@@ -130,6 +138,46 @@ def _ab_one_call(k, providers, x, ws, dy, device, rounds: int, name: str, m: int
             "samples": samples}
 
 
+def _ab_train_launch(k, providers, x, ws, dy, device, rounds: int, name: str, m: int) -> dict:
+    labels = ("eager", "ours auto", "ours 64x128pp/s1", "ours 128x128/s1")
+    host: dict[str, list[float]] = {label: [] for label in labels}
+    wall: dict[str, list[float]] = {label: [] for label in labels}
+    backends = {}
+
+    def step(f):
+        _train_step(f, dy, (x, *ws))
+
+    try:
+        for r in range(rounds):
+            for label in (labels[::-1] if r % 2 else labels):
+                if label.startswith("ours "):
+                    launch = label.removeprefix("ours ")
+                    if launch == "auto":
+                        os.environ.pop("FUSED_GEGLU_SM90_MLP", None)
+                    else:
+                        os.environ["FUSED_GEGLU_SM90_MLP"] = launch
+                f = providers["eager" if label == "eager" else "ours"]
+                for _ in range(5):
+                    step(f)
+                if label != "eager":
+                    backends[label] = k.last_backend("geglu_mlp")
+                host[label].append(host_us(lambda: step(f), 30, device=device))
+                _sync(device)
+                t0 = time.perf_counter()
+                for _ in range(40):
+                    step(f)
+                _sync(device)
+                wall[label].append((time.perf_counter() - t0) / 40 * 1e6)
+    finally:
+        os.environ.pop("FUSED_GEGLU_SM90_MLP", None)
+    med_h = {label: statistics.median(v) for label, v in host.items()}
+    med_w = {label: statistics.median(v) for label, v in wall.items()}
+    print(f"{name:10s} M={m:5d} wall / host us per step: "
+          + ", ".join(f"{label} {med_w[label]:.1f} / {med_h[label]:.1f}" for label in labels), flush=True)
+    return {"shape": name, "M": m, "mode": "ab_train_launch", "rounds": rounds, "wall_us_step": med_w,
+            "host_us_step": med_h, "backends": backends, "wall_samples": wall, "host_samples": host}
+
+
 def main() -> int:
     p = argparse.ArgumentParser()
     p.add_argument("--tokens", default="16")
@@ -137,6 +185,7 @@ def main() -> int:
     p.add_argument("--out", required=True)
     p.add_argument("--micro", action="store_true")
     p.add_argument("--ab-one-call", type=int, default=0, metavar="ROUNDS")
+    p.add_argument("--ab-train-launch", type=int, default=0, metavar="ROUNDS")
     args = p.parse_args()
     device = torch.device(args.device)
     k = load_kernel()
@@ -152,6 +201,9 @@ def main() -> int:
             providers = {"eager": lambda: eager_mlp(x, *ws), "ours": lambda: k.geglu_mlp(x, *ws)}
             if args.ab_one_call:
                 rows.append(_ab_one_call(k, providers, x, ws, dy, device, args.ab_one_call, name, m))
+                continue
+            if args.ab_train_launch:
+                rows.append(_ab_train_launch(k, providers, x, ws, dy, device, args.ab_train_launch, name, m))
                 continue
             for prov, f in providers.items():
                 def step(f=f):
