@@ -424,6 +424,28 @@ def test_geglu_mlp_auto_between_decode_and_prefill(kernel, device, m, h, capture
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("m", [1, 16, 64, 65])
+@pytest.mark.parametrize("h", [1152, 2048, 3584])
+def test_geglu_mlp_auto_small_training_step(kernel, device, monkeypatch, m, h):
+    """A training step at M <= 64 (host-bound) takes the CUTLASS gate+up GEMM with the 64-row tile
+    where the sm_90 training rules name it, cuBLAS + pointwise from M = 65; output and every gradient
+    against float64."""
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("the policy measured here is the sm_90 one")
+    monkeypatch.delenv("FUSED_GEGLU_SM90_MLP", raising=False)
+    monkeypatch.delenv("FUSED_GEGLU_BACKEND", raising=False)
+    i = 712
+    x = randn(m, h, dtype=torch.bfloat16, device=device, requires_grad=True)
+    params = _params(h, i, torch.bfloat16, device, biases=False)
+    policy = importlib.import_module(kernel.__name__ + ".policy")
+    launch = policy.sm90_mlp_launch(m, h, x.device, training=True)
+    assert (launch == "64x128pp/s1") == (m <= 64), launch
+    y = kernel.geglu_mlp(x, *params, approximate="tanh")
+    assert kernel.last_backend("geglu_mlp") == ("cuda:sm90" if launch else "cuda+gemm")
+    _assert_output_and_grads(kernel, y, [x, *params], "tanh", f"geglu_mlp auto training M={m}, H={h}")
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("m", [100, 129, 300, 520, 700, 1000])
 @pytest.mark.parametrize("h", [768, 1152, 2048, 3584])
 def test_geglu_mlp_forced_cuda_between_decode_and_prefill(kernel, device, monkeypatch, m, h):

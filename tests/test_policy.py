@@ -170,7 +170,12 @@ def test_policy_file_is_plain_json(policy):
     ("geglu_mlp_sm90_train", dict(m=8448, h=2048), "128x192pp/s1"),
     ("geglu_mlp_sm90_train", dict(m=8192, h=1152), "128x128pp/s1"),
     ("geglu_mlp_sm90_train", dict(m=8192, h=3584), "128x192pp/s1"),
-    ("geglu_mlp_sm90_train", dict(m=16, h=2048), "no"),
+    # small training steps (host-bound): the 64-row CUTLASS tile, 2 kernels instead of 4
+    ("geglu_mlp_sm90_train", dict(m=16, h=2048), "64x128pp/s1"),
+    ("geglu_mlp_sm90_train", dict(m=1, h=1152), "64x128pp/s1"),
+    ("geglu_mlp_sm90_train", dict(m=64, h=3584), "64x128pp/s1"),
+    ("geglu_mlp_sm90_train", dict(m=65, h=3584), "no"),
+    ("geglu_mlp_sm90_train", dict(m=16, h=768), "no"),
     ("geglu_mlp_sm90_train", dict(m=8192, h=768), "no"),
     # backend="cuda" forced where no rule above names a launch: the one that lost least there, per
     # 128-row interval below M = 1024 (measured widths only) and from M = 1024 at any width
