@@ -11,12 +11,19 @@ TORCH_LIBRARY_EXPAND(TORCH_EXTENSION_NAME, ops) {
   ops.def(
       "geglu_bwd(Tensor! grad_gate, Tensor! grad_up, Tensor grad_out, Tensor gate, Tensor up, "
       "int approximate) -> ()");
+  // The training MLP whose autograd node is C++ (kernel_src/mlp_autograd). Only this variant's
+  // Autograd key has a kernel: the Python wrapper calls it only when autograd records a graph.
+  ops.def(
+      "geglu_mlp_train(Tensor x, Tensor w_gate, Tensor w_up, Tensor w_down, Tensor? b_gate, Tensor? b_up, "
+      "Tensor? b_down, int approximate, int tile, int swizzle, int raster) -> Tensor");
 #if defined(CPU_KERNEL)
   ops.impl("geglu_fwd", c10::kCPU, &geglu_fwd);
   ops.impl("geglu_bwd", c10::kCPU, &geglu_bwd);
+  ops.impl("geglu_mlp_train", torch::dispatch(c10::DispatchKey::AutogradCPU, TORCH_FN(geglu_mlp_train)));
 #elif defined(CUDA_KERNEL)
   ops.impl("geglu_fwd", c10::kCUDA, &geglu_fwd);
   ops.impl("geglu_bwd", c10::kCUDA, &geglu_bwd);
+  ops.impl("geglu_mlp_train", torch::dispatch(c10::DispatchKey::AutogradCUDA, TORCH_FN(geglu_mlp_train)));
   // ---- CUDA-only ops (kernel_src/geglu_cuda) ----
   // The training MLP's fused backward pointwise: gate <- grad_gate, up <- grad_up,
   // grad_out <- h = gelu(gate) * up, element by element in place (no new M x I buffers).

@@ -22,6 +22,20 @@ void geglu_fwd(at::Tensor &out, at::Tensor const &gate, at::Tensor const &up,
 void geglu_bwd(at::Tensor &grad_gate, at::Tensor &grad_up, at::Tensor const &grad_out,
                at::Tensor const &gate, at::Tensor const &up, int64_t approximate);
 
+// The training forward's vendor-GEMM + pointwise sequence (cuBLAS on CUDA, ATen's CPU GEMMs on CPU):
+// (y, gate, up), h in its own buffer (gate/up are what the backward needs). x 2-D [M, H].
+std::tuple<at::Tensor, at::Tensor, at::Tensor> geglu_mlp_gemm_train(
+    at::Tensor const &x, at::Tensor const &w_gate, at::Tensor const &w_up, at::Tensor const &w_down,
+    std::optional<at::Tensor> const &b_gate, std::optional<at::Tensor> const &b_up,
+    std::optional<at::Tensor> const &b_down, int64_t approximate);
+// The training MLP as one differentiable op whose autograd node is C++ (kernel_src/mlp_autograd):
+// y[..., H] for a contiguous x[..., H]. tile >= -1: the sm90 gate+up GEMM's launch (CUDA variant,
+// as geglu_gateup_sm90); tile == -2: geglu_mlp_gemm_train. Registered for AutogradCPU or AutogradCUDA.
+at::Tensor geglu_mlp_train(at::Tensor const &x, at::Tensor const &w_gate, at::Tensor const &w_up,
+                           at::Tensor const &w_down, std::optional<at::Tensor> const &b_gate,
+                           std::optional<at::Tensor> const &b_up, std::optional<at::Tensor> const &b_down,
+                           int64_t approximate, int64_t tile, int64_t swizzle, int64_t raster);
+
 #if defined(CUDA_KERNEL)
 // In place: gate <- grad_out * up * gelu'(gate), up <- grad_out * gelu(gate),
 // grad_out <- gelu(gate) * up (the h the down projection's weight gradient needs).
@@ -32,12 +46,6 @@ at::Tensor geglu_mlp_gemm(at::Tensor const &x, at::Tensor const &w_gate, at::Ten
                           at::Tensor const &w_down, std::optional<at::Tensor> const &b_gate,
                           std::optional<at::Tensor> const &b_up, std::optional<at::Tensor> const &b_down,
                           int64_t approximate);
-// The training forward's cuBLAS + pointwise sequence: (y, gate, up), h in its own buffer (gate/up
-// are what the backward needs).
-std::tuple<at::Tensor, at::Tensor, at::Tensor> geglu_mlp_gemm_train(
-    at::Tensor const &x, at::Tensor const &w_gate, at::Tensor const &w_up, at::Tensor const &w_down,
-    std::optional<at::Tensor> const &b_gate, std::optional<at::Tensor> const &b_up,
-    std::optional<at::Tensor> const &b_down, int64_t approximate);
 // The MLP's backward with cuBLAS GEMMs around geglu_bwd_inplace: dh = dy w_down, then gate <- dgate,
 // up <- dup and dh <- h in place; returns (dx, dw_gate, dw_up, dw_down, db_gate, db_up, db_down), a
 // missing bias's gradient a 0-element tensor. dy [M,H], x [M,H], gate/up [M,I], all 2-D.

@@ -23,6 +23,10 @@ CUTLASS gate+up GEMM forced for the training forward (``$FUSED_GEGLU_SM90_MLP``:
 harness measured the forced CUTLASS step faster than auto at M = 16 in three of four runs; this asks
 whether a training rule should say so.
 
+``--ab-cpp-node R`` times, in R interleaved rounds, eager and ours' step with the C++ training node
+(``mlp.CPP_AUTOGRAD``, kernel_src/mlp_autograd) and with the Python ``autograd.Function`` (same
+kernels): host and wall µs per step, and paired wall differences.
+
 ``--micro`` adds, per shape at the first M, what one ``F.linear`` (the gate GEMM's shape) costs on
 the host in each setting the two providers call it in: grad mode off, grad mode on with a weight
 that requires grad (eager's forward), and inside a bare ``autograd.Function`` forward (ours'), plus
@@ -138,8 +142,10 @@ def _ab_one_call(k, providers, x, ws, dy, device, rounds: int, name: str, m: int
             "samples": samples}
 
 
-def _ab_train_launch(k, providers, x, ws, dy, device, rounds: int, name: str, m: int) -> dict:
-    labels = ("eager", "ours auto", "ours 64x128pp/s1", "ours 128x128/s1")
+def _interleaved(k, providers, x, ws, dy, device, rounds: int, labels, configure):
+    """Host and wall µs per training step of each label in ``rounds`` interleaved rounds (order
+    reversed every other round): ``configure(label)`` sets ours up before its steps; "eager" runs
+    the eager module. Returns (host samples, wall samples, the forward backend each label ran)."""
     host: dict[str, list[float]] = {label: [] for label in labels}
     wall: dict[str, list[float]] = {label: [] for label in labels}
     backends = {}
@@ -147,35 +153,73 @@ def _ab_train_launch(k, providers, x, ws, dy, device, rounds: int, name: str, m:
     def step(f):
         _train_step(f, dy, (x, *ws))
 
-    try:
-        for r in range(rounds):
-            for label in (labels[::-1] if r % 2 else labels):
-                if label.startswith("ours "):
-                    launch = label.removeprefix("ours ")
-                    if launch == "auto":
-                        os.environ.pop("FUSED_GEGLU_SM90_MLP", None)
-                    else:
-                        os.environ["FUSED_GEGLU_SM90_MLP"] = launch
-                f = providers["eager" if label == "eager" else "ours"]
-                for _ in range(5):
-                    step(f)
-                if label != "eager":
-                    backends[label] = k.last_backend("geglu_mlp")
-                host[label].append(host_us(lambda: step(f), 30, device=device))
-                _sync(device)
-                t0 = time.perf_counter()
-                for _ in range(40):
-                    step(f)
-                _sync(device)
-                wall[label].append((time.perf_counter() - t0) / 40 * 1e6)
-    finally:
-        os.environ.pop("FUSED_GEGLU_SM90_MLP", None)
+    for r in range(rounds):
+        for label in (labels[::-1] if r % 2 else labels):
+            configure(label)
+            f = providers["eager" if label == "eager" else "ours"]
+            for _ in range(5):
+                step(f)
+            if label != "eager":
+                backends[label] = k.last_backend("geglu_mlp")
+            host[label].append(host_us(lambda: step(f), 30, device=device))
+            _sync(device)
+            t0 = time.perf_counter()
+            for _ in range(40):
+                step(f)
+            _sync(device)
+            wall[label].append((time.perf_counter() - t0) / 40 * 1e6)
+    return host, wall, backends
+
+
+def _report(mode: str, name: str, m: int, rounds: int, labels, host, wall, backends, **extra) -> dict:
     med_h = {label: statistics.median(v) for label, v in host.items()}
     med_w = {label: statistics.median(v) for label, v in wall.items()}
     print(f"{name:10s} M={m:5d} wall / host us per step: "
           + ", ".join(f"{label} {med_w[label]:.1f} / {med_h[label]:.1f}" for label in labels), flush=True)
-    return {"shape": name, "M": m, "mode": "ab_train_launch", "rounds": rounds, "wall_us_step": med_w,
-            "host_us_step": med_h, "backends": backends, "wall_samples": wall, "host_samples": host}
+    return {"shape": name, "M": m, "mode": mode, "rounds": rounds, "wall_us_step": med_w,
+            "host_us_step": med_h, "backends": backends, **extra, "wall_samples": wall, "host_samples": host}
+
+
+def _ab_train_launch(k, providers, x, ws, dy, device, rounds: int, name: str, m: int) -> dict:
+    labels = ("eager", "ours auto", "ours 64x128pp/s1", "ours 128x128/s1")
+
+    def configure(label):
+        launch = label.removeprefix("ours ")
+        if launch == "auto" or label == "eager":
+            os.environ.pop("FUSED_GEGLU_SM90_MLP", None)
+        else:
+            os.environ["FUSED_GEGLU_SM90_MLP"] = launch
+
+    try:
+        host, wall, backends = _interleaved(k, providers, x, ws, dy, device, rounds, labels, configure)
+    finally:
+        os.environ.pop("FUSED_GEGLU_SM90_MLP", None)
+    return _report("ab_train_launch", name, m, rounds, labels, host, wall, backends)
+
+
+def _ab_cpp_node(k, providers, x, ws, dy, device, rounds: int, name: str, m: int) -> dict:
+    """Ours' step with the C++ training node (``mlp.CPP_AUTOGRAD``, the default) against the same
+    kernels under the Python autograd.Function, and eager; paired medians of wall time per step."""
+    mlp = importlib.import_module(k.__name__ + ".mlp")
+    labels = ("eager", "ours C++ node", "ours Python node")
+
+    def configure(label):
+        mlp.CPP_AUTOGRAD = label != "ours Python node"
+
+    try:
+        host, wall, backends = _interleaved(k, providers, x, ws, dy, device, rounds, labels, configure)
+    finally:
+        mlp.CPP_AUTOGRAD = True
+    paired = {
+        "cpp_minus_python_wall_us": statistics.median(a - b for a, b in zip(wall[labels[1]], wall[labels[2]])),
+        "cpp_minus_eager_wall_us": statistics.median(a - b for a, b in zip(wall[labels[1]], wall["eager"])),
+        "cpp_faster_than_python_rounds": sum(a < b for a, b in zip(wall[labels[1]], wall[labels[2]])),
+        "cpp_faster_than_eager_rounds": sum(a < b for a, b in zip(wall[labels[1]], wall["eager"])),
+    }
+    print(f"{'':10s} paired wall: C++ - Python {paired['cpp_minus_python_wall_us']:+.1f} us "
+          f"({paired['cpp_faster_than_python_rounds']}/{rounds} faster), C++ - eager "
+          f"{paired['cpp_minus_eager_wall_us']:+.1f} us ({paired['cpp_faster_than_eager_rounds']}/{rounds})", flush=True)
+    return _report("ab_cpp_node", name, m, rounds, labels, host, wall, backends, paired=paired)
 
 
 def main() -> int:
@@ -186,6 +230,7 @@ def main() -> int:
     p.add_argument("--micro", action="store_true")
     p.add_argument("--ab-one-call", type=int, default=0, metavar="ROUNDS")
     p.add_argument("--ab-train-launch", type=int, default=0, metavar="ROUNDS")
+    p.add_argument("--ab-cpp-node", type=int, default=0, metavar="ROUNDS")
     args = p.parse_args()
     device = torch.device(args.device)
     k = load_kernel()
@@ -204,6 +249,9 @@ def main() -> int:
                 continue
             if args.ab_train_launch:
                 rows.append(_ab_train_launch(k, providers, x, ws, dy, device, args.ab_train_launch, name, m))
+                continue
+            if args.ab_cpp_node:
+                rows.append(_ab_cpp_node(k, providers, x, ws, dy, device, args.ab_cpp_node, name, m))
                 continue
             for prov, f in providers.items():
                 def step(f=f):

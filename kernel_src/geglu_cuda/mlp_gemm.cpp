@@ -27,18 +27,8 @@ at::Tensor geglu_mlp_gemm(at::Tensor const &x, at::Tensor const &w_gate, at::Ten
   return at::linear(gate, w_down, b_down);
 }
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor> geglu_mlp_gemm_train(
-    at::Tensor const &x, at::Tensor const &w_gate, at::Tensor const &w_up, at::Tensor const &w_down,
-    std::optional<at::Tensor> const &b_gate, std::optional<at::Tensor> const &b_up,
-    std::optional<at::Tensor> const &b_down, int64_t approximate) {
-  TORCH_CHECK(x.dim() == 2, "geglu_mlp_gemm_train: x must be 2-D [M, H], got ", x.sizes());
-  at::Tensor gate = at::linear(x, w_gate, b_gate);
-  at::Tensor up = at::linear(x, w_up, b_up);
-  at::Tensor h = at::empty_like(gate);  // gate/up are kept for the backward
-  geglu_fwd(h, gate, up, approximate);
-  at::Tensor y = at::linear(h, w_down, b_down);
-  return {std::move(y), std::move(gate), std::move(up)};
-}
+// geglu_mlp_gemm_train lives in kernel_src/mlp_autograd/mlp_autograd.cpp: both variants build it
+// (the CPU variant as its compiled training node's forward).
 
 namespace {
 // The sum of a gradient over rows for a bias, accumulated in fp32 and rounded once; a 0-element

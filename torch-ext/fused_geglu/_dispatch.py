@@ -42,6 +42,13 @@ def compiled_has(op: str, device_type: str) -> bool:
 
 
 @lru_cache(maxsize=None)
+def compiled_has_autograd(op: str, device_type: str) -> bool:
+    """Whether the compiled library registered an autograd kernel (a C++ autograd node) for ``op``
+    on ``device_type`` tensors: such ops are registered for one Autograd key only."""
+    return _has_kernel(op, {"cpu": "AutogradCPU", "cuda": "AutogradCUDA"}[device_type])
+
+
+@lru_cache(maxsize=None)
 def triton_usable(device_type: str) -> bool:
     try:
         import triton  # noqa: F401

@@ -66,6 +66,14 @@ ONE_CALL = os.environ.get("FUSED_GEGLU_ONE_CALL", "1").strip().lower() not in ("
 # many M x I elements (32 MB in bf16; M = 1024 at Gemma-2B's width) that is small beside the weight
 # gradients and host time matters; above it the GEMMs dominate and memory is the concern.
 ONE_CALL_BWD_MAX_ELEMS = 1 << 24
+# Where an eager training step would run those compiled calls (or, on Hopper, the CUTLASS gate+up
+# forward before the compiled backward), the whole step goes to ``geglu_mlp_train``, whose autograd
+# node is C++ (kernel_src/mlp_autograd): the same kernels in the same order, without the Python of
+# the autograd.Function below, which is what a small training step waits on. On CPU tensors the CPU
+# variant's node runs the ATen GEMMs around the CPU pointwise kernels. $FUSED_GEGLU_CPP_AUTOGRAD=0
+# (read at load) keeps the Python node, for measuring; the tests switch this flag to compare bits.
+CPP_AUTOGRAD = os.environ.get("FUSED_GEGLU_CPP_AUTOGRAD", "1").strip().lower() not in ("0", "no", "off", "false")
+_GEMM_POINTWISE = (-2, 1, 0)  # geglu_mlp_train's launch arguments for the vendor-GEMM forward
 
 
 def _gemm_forward(x2, wg, wu, wd, bg, bu, bd, approximate, pointwise, keep_preact: bool):
@@ -350,6 +358,39 @@ def _check_args(x, w_gate, w_up, w_down, b_gate, b_up, b_down, approximate) -> N
     _checks.approximate(approximate)
 
 
+def _cpp_training_launch(x, w_gate, w_up, backend: str):
+    """``((tile, swizzle, raster), forward name, backward name)`` where an eager training step with
+    saved pre-activations may run as ``geglu_mlp_train`` (the launch the Python path would take,
+    with the compiled one-call backward), else None. ``backend`` is resolved ("auto" or a name)."""
+    device = x.device
+    if not (CPP_AUTOGRAD and ONE_CALL and x.is_contiguous() and _dispatch.compiled_has_autograd(
+            "geglu_mlp_train", device.type)):
+        return None
+    i, h = w_gate.shape
+    m = x.numel() // h if h else 0
+    if m == 0:
+        return None
+    if device.type == "cpu":
+        return (_GEMM_POINTWISE, "cpu+gemm", "cpu") if _pick(device, backend, m, h, i) == "cpu" else None
+    auto = backend == "auto"
+    capturing = policy.capturing(device) if auto else None
+    # The backward must be the one-call sequence: up to the element bound, no sm90 dh launch, and
+    # (under the auto policy) the CUDA in-place pointwise kernel.
+    if (m * i > ONE_CALL_BWD_MAX_ELEMS or _pick(device, backend, m, h, i, capturing) != "cuda"
+            or sm90_weights.dh_launch(policy.sm90_dh_launch(m, h, device)) is not None
+            or (auto and _geglu._pick(device, "auto", "bwd_inplace", m * i, True) != "cuda")):
+        return None
+    if _dispatch.compiled_has("geglu_gateup_sm90", "cuda") and sm90_weights.usable(x.view(m, h), w_gate, w_up):
+        launch = policy.sm90_mlp_launch(m, h, device, True, capturing)
+        if launch is not None or not auto:
+            if launch is None:
+                launch = policy.sm90_forced_launch(m, h, device)
+            return sm90_weights.parse_launch(launch), "cuda:sm90", "cuda"
+    if auto and _geglu._pick(device, "auto", "fwd", m * i, True) != "cuda":
+        return None
+    return _GEMM_POINTWISE, "cuda+gemm", "cuda"
+
+
 def geglu_mlp(x: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor, w_down: torch.Tensor,
               b_gate: torch.Tensor | None = None, b_up: torch.Tensor | None = None,
               b_down: torch.Tensor | None = None, approximate: str = "tanh", recompute: bool = False,
@@ -376,9 +417,18 @@ def geglu_mlp(x: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor, w_down:
                 needs_grad = True
                 break
     backend = _dispatch.requested(backend)
-    if not needs_grad and not _tracing(args):
+    tracing = _tracing(args)
+    if not needs_grad and not tracing:
         # Inference in eager mode: straight to the implementation (no op dispatch, no placeholder
         # outputs); at decode sizes the host time per call is what the GPU waits on.
         return _forward(*args, approximate, False, backend)[0]
+    route = _cpp_training_launch(x, w_gate, w_up, backend) if needs_grad and not recompute and not tracing else None
+    if route is not None:
+        launch, forward_name, backward_name = route
+        y = ops.geglu_mlp_train(*args, 0 if approximate == "none" else 1, *launch)
+        _dispatch.record("geglu_mlp", forward_name)
+        # Recorded here: the C++ node's backward cannot report itself, and it runs exactly this one.
+        _dispatch.record("geglu_mlp_backward", backward_name)
+        return y
     y, _, _ = geglu_mlp_fwd_op(*args, approximate, needs_grad and not recompute, backend)
     return y

@@ -1,0 +1,160 @@
+// The training MLP's autograd node in C++: `geglu_mlp_train`, registered for the Autograd key of
+// this variant's device only (AutogradCPU or AutogradCUDA), so the graph node it records and its
+// backward run without Python.
+//
+// Why: below M = 8192 a training step of one MLP is host-bound, and the Python of an
+// autograd.Function (its forward, setup_context, backward and their argument handling) was what kept
+// ours slower than eager there (README, "Small training steps"). The kernels are the ones the Python
+// node issues for the same launch, in the same order (the tests compare the bits):
+//   forward  - sm90 (CUDA variant, tile >= -1): the CUTLASS gate+up GEMM writing h, gate and up, then
+//              y = h w_down^T + b_down (cuBLAS);
+//            - tile == kGemmPointwise: geglu_mlp_gemm_train (vendor GEMMs around geglu_fwd);
+//   backward - CUDA: geglu_mlp_gemm_bwd (cuBLAS + the in-place pointwise, gate/up become dgate/dup);
+//            - CPU: the same GEMMs around geglu_bwd / geglu_fwd (the CPU pointwise has no in-place form).
+// The saved gate/up are overwritten by the backward, so a second backward through the same graph is
+// refused (the Python node does the same), and so is create_graph=True (these kernels record no graph).
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/empty_like.h>
+#include <ATen/ops/linear.h>
+#include <ATen/ops/mm.h>
+#include <ATen/ops/zeros_like.h>
+#include <c10/core/DeviceGuard.h>
+#include <torch/csrc/autograd/custom_function.h>
+
+#include <tuple>
+
+#include "torch_binding.h"
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> geglu_mlp_gemm_train(
+    at::Tensor const &x, at::Tensor const &w_gate, at::Tensor const &w_up, at::Tensor const &w_down,
+    std::optional<at::Tensor> const &b_gate, std::optional<at::Tensor> const &b_up,
+    std::optional<at::Tensor> const &b_down, int64_t approximate) {
+  TORCH_CHECK(x.dim() == 2, "geglu_mlp_gemm_train: x must be 2-D [M, H], got ", x.sizes());
+  at::Tensor gate = at::linear(x, w_gate, b_gate);
+  at::Tensor up = at::linear(x, w_up, b_up);
+  at::Tensor h = at::empty_like(gate);  // gate/up are kept for the backward
+  geglu_fwd(h, gate, up, approximate);
+  at::Tensor y = at::linear(h, w_down, b_down);
+  return {std::move(y), std::move(gate), std::move(up)};
+}
+
+namespace {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+// `tile` for the vendor-GEMM forward (geglu_mlp_gemm_train); the sm90 tiles are >= 0, and -1 asks
+// the CUTLASS op for its own size heuristic (fused_geglu/mlp.py passes the same numbers).
+constexpr int64_t kGemmPointwise = -2;
+
+constexpr const char *kSecondBackward =
+    "geglu_mlp: a second backward through the same graph is not supported: the first one turned the "
+    "saved gate/up pre-activations into their gradients in place (memory). Call "
+    "geglu_mlp(..., recompute=True) to differentiate the graph more than once.";
+
+#if !defined(CUDA_KERNEL)
+// The CPU backward: dh = dy w_down, then dgate/dup and h from the CPU pointwise kernels, and the
+// weight GEMMs in the order of fused_geglu/mlp.py's sequence. Returns what geglu_mlp_gemm_bwd does.
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> backward_cpu(
+    at::Tensor const &dy, at::Tensor const &x, at::Tensor const &w_gate, at::Tensor const &w_up,
+    at::Tensor const &w_down, at::Tensor &gate, at::Tensor &up, int64_t approximate, bool has_b_gate,
+    bool has_b_up, bool has_b_down) {
+  at::Tensor hid = at::mm(dy, w_down);  // dh
+  at::Tensor dgate = at::empty_like(gate), dup = at::empty_like(up);
+  geglu_bwd(dgate, dup, hid, gate, up, approximate);
+  geglu_fwd(hid, gate, up, approximate);  // hid <- h: dh is used up
+  gate.reset();
+  up.reset();
+  at::Tensor d_w_down = at::mm(dy.t(), hid);
+  hid.reset();
+  at::Tensor dx = at::mm(dgate, w_gate);
+  dx.addmm_(dup, w_up);
+  auto row_sum = [](at::Tensor const &g, bool present) {
+    return present ? g.sum(at::IntArrayRef{0}, false, at::kFloat).to(g.scalar_type()) : at::Tensor();
+  };
+  at::Tensor d_w_gate = at::mm(dgate.t(), x);
+  at::Tensor db_gate = row_sum(dgate, has_b_gate);
+  at::Tensor d_w_up = at::mm(dup.t(), x);
+  at::Tensor db_up = row_sum(dup, has_b_up);
+  return {std::move(dx), std::move(d_w_gate), std::move(d_w_up), std::move(d_w_down),
+          std::move(db_gate), std::move(db_up), row_sum(dy, has_b_down)};
+}
+#endif
+
+struct GegluMlpTrain : public torch::autograd::Function<GegluMlpTrain> {
+  static at::Tensor forward(AutogradContext *ctx, at::Tensor const &x, at::Tensor const &w_gate,
+                            at::Tensor const &w_up, at::Tensor const &w_down,
+                            std::optional<at::Tensor> const &b_gate, std::optional<at::Tensor> const &b_up,
+                            std::optional<at::Tensor> const &b_down, int64_t approximate, int64_t tile,
+                            int64_t swizzle, int64_t raster) {
+    const c10::OptionalDeviceGuard guard(x.device());
+    const int64_t h = w_gate.size(1);
+    const at::Tensor x2 = x.view({-1, h});  // the caller passes a contiguous x
+    at::Tensor y, gate, up;
+#if defined(CUDA_KERNEL)
+    if (tile != kGemmPointwise) {
+      at::Tensor hid = at::empty({x2.size(0), w_gate.size(0)}, x.options());
+      gate = at::empty_like(hid);
+      up = at::empty_like(hid);
+      std::optional<at::Tensor> bg = b_gate, bu = b_up;  // the kernel takes both biases or neither
+      if (bg.has_value() != bu.has_value()) {
+        if (bg.has_value()) bu = at::zeros_like(*bg);
+        else bg = at::zeros_like(*bu);
+      }
+      geglu_gateup_sm90(hid, x2, w_gate, w_up, bg, bu, approximate, gate, up, tile, swizzle, raster);
+      y = at::linear(hid, w_down, b_down);
+    } else
+#endif
+    {
+      std::tie(y, gate, up) = geglu_mlp_gemm_train(x2, w_gate, w_up, w_down, b_gate, b_up, b_down, approximate);
+    }
+    ctx->save_for_backward({x, w_gate, w_up, w_down, gate, up});
+    ctx->saved_data["approximate"] = approximate;
+    ctx->saved_data["biases"] = int64_t(b_gate.has_value()) | int64_t(b_up.has_value()) << 1 |
+                                int64_t(b_down.has_value()) << 2;
+    std::vector<int64_t> shape = x.sizes().vec();
+    shape.back() = w_down.size(0);
+    return y.view(shape);
+  }
+
+  static variable_list backward(AutogradContext *ctx, variable_list grads) {
+    TORCH_CHECK(!ctx->saved_data.count("consumed"), kSecondBackward);
+    TORCH_CHECK(!at::GradMode::is_enabled(),
+                "geglu_mlp: create_graph=True (double backward) is not supported by the compiled training "
+                "node; its backward kernels record no graph");
+    ctx->saved_data["consumed"] = true;
+    variable_list saved = ctx->get_saved_variables();
+    const at::Tensor &x = saved[0], &w_gate = saved[1], &w_up = saved[2], &w_down = saved[3];
+    at::Tensor gate = std::move(saved[4]), up = std::move(saved[5]);
+    const c10::OptionalDeviceGuard guard(x.device());
+    const int64_t approximate = ctx->saved_data["approximate"].toInt();
+    const int64_t biases = ctx->saved_data["biases"].toInt();
+    const bool has_bg = biases & 1, has_bu = biases & 2, has_bd = biases & 4;
+    const int64_t h = w_gate.size(1);
+    const at::Tensor dy = grads[0].reshape({-1, h}).contiguous();
+    const at::Tensor x2 = x.view({-1, h});
+#if defined(CUDA_KERNEL)
+    auto [dx, dwg, dwu, dwd, dbg, dbu, dbd] =
+        geglu_mlp_gemm_bwd(dy, x2, w_gate, w_up, w_down, gate, up, approximate, has_bg, has_bu, has_bd);
+#else
+    auto [dx, dwg, dwu, dwd, dbg, dbu, dbd] =
+        backward_cpu(dy, x2, w_gate, w_up, w_down, gate, up, approximate, has_bg, has_bu, has_bd);
+#endif
+    const at::Tensor none;
+    return {dx.view(x.sizes()), dwg, dwu, dwd, has_bg ? dbg : none, has_bu ? dbu : none, has_bd ? dbd : none,
+            none, none, none, none};
+  }
+};
+
+}  // namespace
+
+at::Tensor geglu_mlp_train(at::Tensor const &x, at::Tensor const &w_gate, at::Tensor const &w_up,
+                           at::Tensor const &w_down, std::optional<at::Tensor> const &b_gate,
+                           std::optional<at::Tensor> const &b_up, std::optional<at::Tensor> const &b_down,
+                           int64_t approximate, int64_t tile, int64_t swizzle, int64_t raster) {
+  TORCH_CHECK(x.dim() >= 1 && x.is_contiguous() && w_gate.dim() == 2 && x.size(-1) == w_gate.size(1),
+              "geglu_mlp_train: x must be contiguous with w_gate's ", w_gate.size(-1), " features in its last "
+              "dimension, got shape ", x.sizes(), " and strides ", x.strides());
+  return GegluMlpTrain::apply(x, w_gate, w_up, w_down, b_gate, b_up, b_down, approximate, tile, swizzle, raster);
+}
