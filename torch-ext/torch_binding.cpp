@@ -11,19 +11,26 @@ TORCH_LIBRARY_EXPAND(TORCH_EXTENSION_NAME, ops) {
   ops.def(
       "geglu_bwd(Tensor! grad_gate, Tensor! grad_up, Tensor grad_out, Tensor gate, Tensor up, "
       "int approximate) -> ()");
-  // The training MLP whose autograd node is C++ (kernel_src/mlp_autograd). Only this variant's
+  // The training MLP whose autograd node is C++ (kernel_src/autograd_nodes). Only this variant's
   // Autograd key has a kernel: the Python wrapper calls it only when autograd records a graph.
   ops.def(
       "geglu_mlp_train(Tensor x, Tensor w_gate, Tensor w_up, Tensor w_down, Tensor? b_gate, Tensor? b_up, "
       "Tensor? b_down, int approximate, int tile, int swizzle, int raster) -> Tensor");
+  // The GeGLU pointwise forms with C++ autograd nodes (kernel_src/autograd_nodes/geglu_train.cpp), same rule.
+  ops.def("geglu_train(Tensor gate, Tensor up, int approximate) -> Tensor");
+  ops.def("geglu_packed_train(Tensor x, int approximate) -> Tensor");
 #if defined(CPU_KERNEL)
   ops.impl("geglu_fwd", c10::kCPU, &geglu_fwd);
   ops.impl("geglu_bwd", c10::kCPU, &geglu_bwd);
   ops.impl("geglu_mlp_train", torch::dispatch(c10::DispatchKey::AutogradCPU, TORCH_FN(geglu_mlp_train)));
+  ops.impl("geglu_train", torch::dispatch(c10::DispatchKey::AutogradCPU, TORCH_FN(geglu_train)));
+  ops.impl("geglu_packed_train", torch::dispatch(c10::DispatchKey::AutogradCPU, TORCH_FN(geglu_packed_train)));
 #elif defined(CUDA_KERNEL)
   ops.impl("geglu_fwd", c10::kCUDA, &geglu_fwd);
   ops.impl("geglu_bwd", c10::kCUDA, &geglu_bwd);
   ops.impl("geglu_mlp_train", torch::dispatch(c10::DispatchKey::AutogradCUDA, TORCH_FN(geglu_mlp_train)));
+  ops.impl("geglu_train", torch::dispatch(c10::DispatchKey::AutogradCUDA, TORCH_FN(geglu_train)));
+  ops.impl("geglu_packed_train", torch::dispatch(c10::DispatchKey::AutogradCUDA, TORCH_FN(geglu_packed_train)));
   // ---- CUDA-only ops (kernel_src/geglu_cuda) ----
   // The training MLP's fused backward pointwise: gate <- grad_gate, up <- grad_up,
   // grad_out <- h = gelu(gate) * up, element by element in place (no new M x I buffers).
@@ -54,6 +61,9 @@ TORCH_LIBRARY_EXPAND(TORCH_EXTENSION_NAME, ops) {
   ops.def(
       "linear_lt_bwd_weight(Tensor(a!) dw, Tensor(b!)? db, Tensor grad_y, Tensor x) -> ()");
   ops.impl("linear_lt_bwd_weight", c10::kCUDA, &linear_lt_bwd_weight);
+  // linear_lt with a C++ autograd node (kernel_src/autograd_nodes/linear_lt_train.cpp).
+  ops.def("linear_lt_train(Tensor x, Tensor weight, Tensor? bias, int activation) -> Tensor");
+  ops.impl("linear_lt_train", torch::dispatch(c10::DispatchKey::AutogradCUDA, TORCH_FN(linear_lt_train)));
   ops.def(
       "geglu_gateup_sm90(Tensor(a!) h_out, Tensor x, Tensor w_gate, Tensor w_up, Tensor? b_gate, "
       "Tensor? b_up, int approximate, Tensor(b!)? gate_out, Tensor(c!)? up_out, int tile=-1, "

@@ -28,13 +28,17 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> geglu_mlp_gemm_train(
     at::Tensor const &x, at::Tensor const &w_gate, at::Tensor const &w_up, at::Tensor const &w_down,
     std::optional<at::Tensor> const &b_gate, std::optional<at::Tensor> const &b_up,
     std::optional<at::Tensor> const &b_down, int64_t approximate);
-// The training MLP as one differentiable op whose autograd node is C++ (kernel_src/mlp_autograd):
+// The training MLP as one differentiable op whose autograd node is C++ (kernel_src/autograd_nodes):
 // y[..., H] for a contiguous x[..., H]. tile >= -1: the sm90 gate+up GEMM's launch (CUDA variant,
 // as geglu_gateup_sm90); tile == -2: geglu_mlp_gemm_train. Registered for AutogradCPU or AutogradCUDA.
 at::Tensor geglu_mlp_train(at::Tensor const &x, at::Tensor const &w_gate, at::Tensor const &w_up,
                            at::Tensor const &w_down, std::optional<at::Tensor> const &b_gate,
                            std::optional<at::Tensor> const &b_up, std::optional<at::Tensor> const &b_down,
                            int64_t approximate, int64_t tile, int64_t swizzle, int64_t raster);
+// GeGLU pointwise with C++ autograd nodes (kernel_src/autograd_nodes/geglu_train.cpp), over geglu_fwd /
+// geglu_bwd: separate contiguous gate/up of one shape, or a contiguous packed x[..., 2d] (gate first).
+at::Tensor geglu_train(at::Tensor const &gate, at::Tensor const &up, int64_t approximate);
+at::Tensor geglu_packed_train(at::Tensor const &x, int64_t approximate);
 
 #if defined(CUDA_KERNEL)
 // In place: gate <- grad_out * up * gelu'(gate), up <- grad_out * gelu(gate),
@@ -65,6 +69,10 @@ void linear_lt(at::Tensor &out, at::Tensor const &x, at::Tensor const &weight,
 // dw (and db) in x's dtype or float32.
 void linear_lt_bwd_weight(at::Tensor &dw, std::optional<at::Tensor> const &db,
                           at::Tensor const &grad_y, at::Tensor const &x);
+// linear_lt with a C++ autograd node (kernel_src/autograd_nodes/linear_lt_train.cpp): y[..., N] for a
+// contiguous x[..., K]; activation 0 (BIAS epilogue) or 1 (tanh GELU_AUX_BIAS, pre-activation saved).
+at::Tensor linear_lt_train(at::Tensor const &x, at::Tensor const &weight, std::optional<at::Tensor> const &bias,
+                           int64_t activation);
 // sm90a CUTLASS GEMM with a GeGLU epilogue: h_out[M,I] = gelu(x w_gate^T + b_gate) * (x w_up^T + b_up)
 // from one GEMM that reads w_gate[I,H] and w_up[I,H] where they are (kernel_src/gemm_sm90/
 // geglu_gateup_sm90.h); approximate 0 = erf, 1 = tanh; b_gate / b_up [I], both or neither;

@@ -24,8 +24,10 @@ harness measured the forced CUTLASS step faster than auto at M = 16 in three of 
 whether a training rule should say so.
 
 ``--ab-cpp-node R`` times, in R interleaved rounds, eager and ours' step with the C++ training node
-(``mlp.CPP_AUTOGRAD``, kernel_src/mlp_autograd) and with the Python ``autograd.Function`` (same
-kernels): host and wall µs per step, and paired wall differences.
+(``_dispatch.CPP_AUTOGRAD``, kernel_src/autograd_nodes) and with the Python ``autograd.Function`` (same
+kernels): host and wall µs per step, and paired wall differences. ``--op`` (with ``--ab-cpp-node`` only)
+times another op's step instead, at the gate projection's shape: ``linear``, ``linear_gelu_tanh``,
+``geglu``, ``geglu_packed``.
 
 ``--micro`` adds, per shape at the first M, what one ``F.linear`` (the gate GEMM's shape) costs on
 the host in each setting the two providers call it in: grad mode off, grad mode on with a weight
@@ -142,7 +144,7 @@ def _ab_one_call(k, providers, x, ws, dy, device, rounds: int, name: str, m: int
             "samples": samples}
 
 
-def _interleaved(k, providers, x, ws, dy, device, rounds: int, labels, configure):
+def _interleaved(k, providers, x, ws, dy, device, rounds: int, labels, configure, op: str = "geglu_mlp"):
     """Host and wall µs per training step of each label in ``rounds`` interleaved rounds (order
     reversed every other round): ``configure(label)`` sets ours up before its steps; "eager" runs
     the eager module. Returns (host samples, wall samples, the forward backend each label ran)."""
@@ -160,7 +162,7 @@ def _interleaved(k, providers, x, ws, dy, device, rounds: int, labels, configure
             for _ in range(5):
                 step(f)
             if label != "eager":
-                backends[label] = k.last_backend("geglu_mlp")
+                backends[label] = k.last_backend("gelu_and_mul" if op == "geglu_packed" else op.split("_gelu")[0])
             host[label].append(host_us(lambda: step(f), 30, device=device))
             _sync(device)
             t0 = time.perf_counter()
@@ -197,19 +199,19 @@ def _ab_train_launch(k, providers, x, ws, dy, device, rounds: int, name: str, m:
     return _report("ab_train_launch", name, m, rounds, labels, host, wall, backends)
 
 
-def _ab_cpp_node(k, providers, x, ws, dy, device, rounds: int, name: str, m: int) -> dict:
-    """Ours' step with the C++ training node (``mlp.CPP_AUTOGRAD``, the default) against the same
+def _ab_cpp_node(k, providers, x, ws, dy, device, rounds: int, name: str, m: int, op: str = "geglu_mlp") -> dict:
+    """Ours' step with the C++ training node (``_dispatch.CPP_AUTOGRAD``, the default) against the same
     kernels under the Python autograd.Function, and eager; paired medians of wall time per step."""
-    mlp = importlib.import_module(k.__name__ + ".mlp")
+    dispatch = importlib.import_module(k.__name__ + "._dispatch")
     labels = ("eager", "ours C++ node", "ours Python node")
 
     def configure(label):
-        mlp.CPP_AUTOGRAD = label != "ours Python node"
+        dispatch.CPP_AUTOGRAD = label != "ours Python node"
 
     try:
-        host, wall, backends = _interleaved(k, providers, x, ws, dy, device, rounds, labels, configure)
+        host, wall, backends = _interleaved(k, providers, x, ws, dy, device, rounds, labels, configure, op)
     finally:
-        mlp.CPP_AUTOGRAD = True
+        dispatch.CPP_AUTOGRAD = True
     paired = {
         "cpp_minus_python_wall_us": statistics.median(a - b for a, b in zip(wall[labels[1]], wall[labels[2]])),
         "cpp_minus_eager_wall_us": statistics.median(a - b for a, b in zip(wall[labels[1]], wall["eager"])),
@@ -219,7 +221,38 @@ def _ab_cpp_node(k, providers, x, ws, dy, device, rounds: int, name: str, m: int
     print(f"{'':10s} paired wall: C++ - Python {paired['cpp_minus_python_wall_us']:+.1f} us "
           f"({paired['cpp_faster_than_python_rounds']}/{rounds} faster), C++ - eager "
           f"{paired['cpp_minus_eager_wall_us']:+.1f} us ({paired['cpp_faster_than_eager_rounds']}/{rounds})", flush=True)
-    return _report("ab_cpp_node", name, m, rounds, labels, host, wall, backends, paired=paired)
+    shown = name if op == "geglu_mlp" else f"{name} {op}"
+    return _report("ab_cpp_node", shown, m, rounds, labels, host, wall, backends, op=op, paired=paired)
+
+
+_OPS = ("linear", "linear_gelu_tanh", "geglu", "geglu_packed")
+
+
+def _op_providers(k, op: str, m: int, h: int, i: int, device, dt):
+    """(providers, leaves, dy) of one training step of ``op`` at the MLP's gate-projection shape:
+    ``linear`` [m, h] x [i, h]^T + bias (and tanh GELU), ``geglu`` on gate/up [m, i], ``geglu_packed``
+    on x [m, 2i]; eager is the ATen composition."""
+    import torch.nn.functional as F
+
+    def rand(*shape):
+        return torch.randn(*shape, device=device, dtype=dt, requires_grad=True)
+
+    if op.startswith("linear"):
+        act = "gelu_tanh" if op == "linear_gelu_tanh" else None
+        x, w, b = rand(m, h), torch.nn.Parameter(torch.randn(i, h, device=device, dtype=dt) / h ** 0.5), rand(i)
+
+        def eager():
+            y = F.linear(x, w, b)
+            return F.gelu(y, approximate="tanh") if act else y
+        return {"eager": eager, "ours": lambda: k.linear(x, w, b, activation=act)}, [x, w, b], \
+            torch.randn(m, i, device=device, dtype=dt)
+    if op == "geglu":
+        gate, up = rand(m, i), rand(m, i)
+        return {"eager": lambda: F.gelu(gate, approximate="tanh") * up,
+                "ours": lambda: k.geglu(gate, up, approximate="tanh")}, [gate, up], torch.randn(m, i, device=device, dtype=dt)
+    x = rand(m, 2 * i)
+    return {"eager": lambda: F.gelu(x[:, :i], approximate="tanh") * x[:, i:],
+            "ours": lambda: k.geglu_packed(x, approximate="tanh")}, [x], torch.randn(m, i, device=device, dtype=dt)
 
 
 def main() -> int:
@@ -231,6 +264,7 @@ def main() -> int:
     p.add_argument("--ab-one-call", type=int, default=0, metavar="ROUNDS")
     p.add_argument("--ab-train-launch", type=int, default=0, metavar="ROUNDS")
     p.add_argument("--ab-cpp-node", type=int, default=0, metavar="ROUNDS")
+    p.add_argument("--op", default="geglu_mlp", choices=("geglu_mlp", *_OPS))
     args = p.parse_args()
     device = torch.device(args.device)
     k = load_kernel()
@@ -244,6 +278,13 @@ def main() -> int:
             x = torch.randn(m, h, device=device, dtype=dt, requires_grad=True)
             dy = torch.randn(m, h, device=device, dtype=dt)
             providers = {"eager": lambda: eager_mlp(x, *ws), "ours": lambda: k.geglu_mlp(x, *ws)}
+            if args.op != "geglu_mlp":
+                if not args.ab_cpp_node:
+                    raise SystemExit("--op other than geglu_mlp: only with --ab-cpp-node")
+                providers, leaves, dy = _op_providers(k, args.op, m, h, i, device, dt)
+                rows.append(_ab_cpp_node(k, providers, leaves[0], leaves[1:], dy, device, args.ab_cpp_node, name, m,
+                                         args.op))
+                continue
             if args.ab_one_call:
                 rows.append(_ab_one_call(k, providers, x, ws, dy, device, args.ab_one_call, name, m))
                 continue

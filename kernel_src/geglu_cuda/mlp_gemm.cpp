@@ -27,7 +27,7 @@ at::Tensor geglu_mlp_gemm(at::Tensor const &x, at::Tensor const &w_gate, at::Ten
   return at::linear(gate, w_down, b_down);
 }
 
-// geglu_mlp_gemm_train lives in kernel_src/mlp_autograd/mlp_autograd.cpp: both variants build it
+// geglu_mlp_gemm_train lives in kernel_src/autograd_nodes/mlp_train.cpp: both variants build it
 // (the CPU variant as its compiled training node's forward).
 
 namespace {

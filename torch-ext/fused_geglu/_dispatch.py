@@ -25,6 +25,13 @@ ENV_VAR = "FUSED_GEGLU_BACKEND"
 
 _last: dict[str, str] = {}
 
+# Eager training steps that run this variant's compiled kernels (or ATen's) get C++ autograd nodes
+# (kernel_src/autograd_nodes) instead of the Python autograd.Function of their custom op: the same
+# kernels in the same order, without the Python that a small training step waits on.
+# $FUSED_GEGLU_CPP_AUTOGRAD=0 (read at load) keeps the Python nodes, for measuring; the tests switch
+# this flag to compare the two bit for bit.
+CPP_AUTOGRAD = os.environ.get("FUSED_GEGLU_CPP_AUTOGRAD", "1").strip().lower() not in ("0", "no", "off", "false")
+
 
 def _has_kernel(op: str, dispatch_key: str) -> bool:
     if not HAS_COMPILED_OPS:

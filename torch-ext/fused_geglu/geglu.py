@@ -11,7 +11,7 @@ import torch
 
 from . import _checks, _dispatch
 from ._ops import ops
-from ._opdef import custom_op
+from ._opdef import _tracing, custom_op
 from ._views import rows
 from .policy import backend_for
 from .reference import gelu, gelu_grad
@@ -198,6 +198,31 @@ def _(out, x, approximate, backend):
     return None
 
 
+# ---- eager training steps: C++ autograd nodes ---------------------------------------------------
+
+def _node_backend(device: torch.device, backend: str, numel: int, dense: bool, node: str) -> str | None:
+    """The compiled pointwise backend ("cuda" / "cpu") where both directions of an eager training step
+    would run it and this variant has the C++ node ``node`` (kernel_src/autograd_nodes/geglu_train.cpp,
+    the same kernels as the Python node), else None."""
+    if not _dispatch.CPP_AUTOGRAD or numel == 0 or not torch.is_grad_enabled():
+        return None
+    fwd = _pick(device, backend, "fwd", numel, dense)
+    if fwd not in ("cuda", "cpu") or _pick(device, backend, "bwd", numel, dense) != fwd:
+        return None
+    return fwd if _dispatch.compiled_has_autograd(node, device.type) else None
+
+
+def _packed_differentiable(x: torch.Tensor, approximate: str, backend: str) -> torch.Tensor:
+    if x.requires_grad and x.is_contiguous() and not _tracing((x,)):
+        # The Python node's picks for the packed form: the halves are strided views (not dense).
+        node = _node_backend(x.device, backend, x.numel() // 2, False, "geglu_packed_train")
+        if node is not None:
+            out = ops.geglu_packed_train(x, _APPROX_CODE[approximate])
+            _dispatch.record("gelu_and_mul", node)
+            return out
+    return geglu_packed_fwd_op(x, approximate, backend)
+
+
 # ---- public functions -------------------------------------------------------------------------
 
 def geglu(gate: torch.Tensor, up: torch.Tensor, approximate: str = "none",
@@ -212,7 +237,15 @@ def geglu(gate: torch.Tensor, up: torch.Tensor, approximate: str = "none",
     if gate.shape != up.shape:
         raise ValueError(f"gate and up must have the same shape, got {tuple(gate.shape)} and {tuple(up.shape)}")
     _checks.approximate(approximate)
-    return geglu_fwd_op(gate, up, approximate, _dispatch.requested(backend))
+    backend = _dispatch.requested(backend)
+    if (gate.requires_grad or up.requires_grad) and gate.is_contiguous() and up.is_contiguous() \
+            and not _tracing((gate, up)):
+        node = _node_backend(gate.device, backend, gate.numel(), True, "geglu_train")
+        if node is not None:
+            out = ops.geglu_train(gate, up, _APPROX_CODE[approximate])
+            _dispatch.record("geglu", node)
+            return out
+    return geglu_fwd_op(gate, up, approximate, backend)
 
 
 def _check_packed(x: torch.Tensor, name: str = "x") -> None:
@@ -226,7 +259,7 @@ def geglu_packed(x: torch.Tensor, approximate: str = "none", backend: str | None
     """``gelu(x[..., :d]) * x[..., d:]`` for ``x = [..., 2d]``; differentiable, returns a new tensor."""
     _check_packed(x)
     _checks.approximate(approximate)
-    return geglu_packed_fwd_op(x, approximate, _dispatch.requested(backend))
+    return _packed_differentiable(x, approximate, _dispatch.requested(backend))
 
 
 def _gelu_and_mul(out: torch.Tensor, x: torch.Tensor, approximate: str, backend: str | None) -> torch.Tensor:
@@ -239,7 +272,7 @@ def _gelu_and_mul(out: torch.Tensor, x: torch.Tensor, approximate: str, backend:
     backend = _dispatch.requested(backend)
     if torch.is_grad_enabled() and x.requires_grad:
         # Differentiable path: copy_ records the copy in the graph, so out carries the gradient.
-        out.copy_(geglu_packed_fwd_op(x, approximate, backend))
+        out.copy_(_packed_differentiable(x, approximate, backend))
     else:
         gelu_and_mul_out_op(out, x, approximate, backend)
     return out

@@ -190,10 +190,36 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     backend = _dispatch.requested(backend)
     needs_grad = torch.is_grad_enabled() and (
         x.requires_grad or weight.requires_grad or (bias is not None and bias.requires_grad))
-    if not needs_grad and not _tracing((x, weight, bias)):
+    tracing = _tracing((x, weight, bias))
+    if not needs_grad and not tracing:
         return _forward(x, weight, bias, activation, False, backend)[0]  # eager inference: no op dispatch
+    if needs_grad and not tracing and _dispatch.CPP_AUTOGRAD and x.numel():
+        out = _train_with_cpp_nodes(x, weight, bias, activation, backend)
+        if out is not None:
+            return out
     out, _ = linear_fwd_op(x, weight, bias, activation, needs_grad, backend)
     return out
+
+
+def _train_with_cpp_nodes(x, weight, bias, activation: str, backend: str) -> torch.Tensor | None:
+    """An eager training step whose autograd nodes are C++, where the Python node would run the same
+    kernels: ATen's own ``linear`` (+ GELU) where ATen is the chosen implementation, or
+    ``linear_lt_train`` (kernel_src/autograd_nodes/linear_lt_train.cpp) where the cuBLASLt path would
+    run with the GELU in its epilogue. None: keep the Python node."""
+    n, k = weight.shape
+    chosen = _pick(x.device, backend, activation, x.numel() // k)
+    if chosen in ("torch", "cpu"):
+        out = F.linear(x, weight, bias)
+        if activation != "none":
+            out = F.gelu(out, approximate=_GELU_APPROX[activation])
+        _dispatch.record("linear", chosen)
+        return out
+    if chosen == "cuda" and x.is_contiguous() and _dispatch.compiled_has_autograd("linear_lt_train", "cuda") \
+            and (activation == "none" or (x.dtype != torch.float32 and n % 8 == 0)):
+        out = ops.linear_lt_train(x, weight, bias, 0 if activation == "none" else 1)
+        _dispatch.record("linear", "cuda")
+        return out
+    return None
 
 
 def _check_args(x, weight, bias, activation) -> None:

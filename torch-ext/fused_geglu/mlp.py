@@ -68,11 +68,8 @@ ONE_CALL = os.environ.get("FUSED_GEGLU_ONE_CALL", "1").strip().lower() not in ("
 ONE_CALL_BWD_MAX_ELEMS = 1 << 24
 # Where an eager training step would run those compiled calls (or, on Hopper, the CUTLASS gate+up
 # forward before the compiled backward), the whole step goes to ``geglu_mlp_train``, whose autograd
-# node is C++ (kernel_src/mlp_autograd): the same kernels in the same order, without the Python of
-# the autograd.Function below, which is what a small training step waits on. On CPU tensors the CPU
-# variant's node runs the ATen GEMMs around the CPU pointwise kernels. $FUSED_GEGLU_CPP_AUTOGRAD=0
-# (read at load) keeps the Python node, for measuring; the tests switch this flag to compare bits.
-CPP_AUTOGRAD = os.environ.get("FUSED_GEGLU_CPP_AUTOGRAD", "1").strip().lower() not in ("0", "no", "off", "false")
+# node is C++ (kernel_src/autograd_nodes/mlp_train.cpp; ``_dispatch.CPP_AUTOGRAD``). On CPU tensors the
+# CPU variant's node runs the ATen GEMMs around the CPU pointwise kernels.
 _GEMM_POINTWISE = (-2, 1, 0)  # geglu_mlp_train's launch arguments for the vendor-GEMM forward
 
 
@@ -363,7 +360,7 @@ def _cpp_training_launch(x, w_gate, w_up, backend: str):
     saved pre-activations may run as ``geglu_mlp_train`` (the launch the Python path would take,
     with the compiled one-call backward), else None. ``backend`` is resolved ("auto" or a name)."""
     device = x.device
-    if not (CPP_AUTOGRAD and ONE_CALL and x.is_contiguous() and _dispatch.compiled_has_autograd(
+    if not (_dispatch.CPP_AUTOGRAD and ONE_CALL and x.is_contiguous() and _dispatch.compiled_has_autograd(
             "geglu_mlp_train", device.type)):
         return None
     i, h = w_gate.shape
