@@ -244,3 +244,33 @@ def test_linear_training_runs_on_cpp_nodes(kernel, device, monkeypatch, backend,
         grad = randn(*y.shape, dtype=dtype, device=device)
         outs = (y.detach(), *torch.autograd.grad(y, leaves, grad))
     _check_against_float64(outs, base, grad, ref, ref, f"linear {activation} training")
+
+
+@pytest.mark.parametrize("reentrant", [False, True], ids=["non_reentrant", "reentrant"])
+def test_training_nodes_under_activation_checkpointing(kernel, device, reentrant):
+    """torch.utils.checkpoint over a block of the C++-node ops (the MLP node's saved gate/up go through
+    the checkpoint's saved-tensor hooks and are recomputed, then overwritten in place by its backward):
+    the same gradients as without checkpointing."""
+    from torch.utils.checkpoint import checkpoint
+
+    _skip_without_node(kernel, device)
+    dtype = torch.float32 if device == "cpu" else torch.bfloat16
+    h, i = 64, 96
+    x = randn(2, 7, h, dtype=dtype, device=device, requires_grad=True)
+    wg, wu, wd = [p.requires_grad_() for p in _inference_operands(dtype, device, (1,), h, i, "none")[1:4]]
+    w2 = randn(h, h, dtype=dtype, device=device, scale=h**-0.5, requires_grad=True)
+    leaves = [x, wg, wu, wd, w2]
+
+    def block(x, wg, wu, wd, w2):
+        y = kernel.geglu_mlp(x, wg, wu, wd)
+        assert not torch.is_grad_enabled() or _is_cpp_node(y)  # reentrant: the first run has no graph
+        z = kernel.linear(y, w2, None, activation="gelu_tanh")
+        return kernel.geglu(z, y)
+
+    grad = randn(2, 7, h, dtype=dtype, device=device)
+    ref = torch.autograd.grad(block(*leaves), leaves, grad)
+    for t in leaves:
+        t.grad = None
+    checkpoint(block, *leaves, use_reentrant=reentrant).backward(grad)  # reentrant: .backward() only
+    for k, (r, t) in enumerate(zip(ref, leaves)):
+        assert torch.equal(t.grad, r), f"gradient {k} under checkpointing"
