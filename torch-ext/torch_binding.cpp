@@ -19,18 +19,29 @@ TORCH_LIBRARY_EXPAND(TORCH_EXTENSION_NAME, ops) {
   // The GeGLU pointwise forms with C++ autograd nodes (kernel_src/autograd_nodes/geglu_train.cpp), same rule.
   ops.def("geglu_train(Tensor gate, Tensor up, int approximate) -> Tensor");
   ops.def("geglu_packed_train(Tensor x, int approximate) -> Tensor");
+  // Their forms for calls that record no graph (kernel_src/autograd_nodes/geglu_infer.cpp): the CPU /
+  // CUDA key only; the Python wrapper calls them when no input needs a gradient.
+  ops.def("geglu_infer(Tensor gate, Tensor up, int approximate) -> Tensor");
+  ops.def("geglu_packed_infer(Tensor x, int approximate) -> Tensor");
+  ops.def("geglu_packed_into(Tensor(a!) out, Tensor x, int approximate) -> ()");
 #if defined(CPU_KERNEL)
   ops.impl("geglu_fwd", c10::kCPU, &geglu_fwd);
   ops.impl("geglu_bwd", c10::kCPU, &geglu_bwd);
   ops.impl("geglu_mlp_train", torch::dispatch(c10::DispatchKey::AutogradCPU, TORCH_FN(geglu_mlp_train)));
   ops.impl("geglu_train", torch::dispatch(c10::DispatchKey::AutogradCPU, TORCH_FN(geglu_train)));
   ops.impl("geglu_packed_train", torch::dispatch(c10::DispatchKey::AutogradCPU, TORCH_FN(geglu_packed_train)));
+  ops.impl("geglu_infer", c10::kCPU, &geglu_infer);
+  ops.impl("geglu_packed_infer", c10::kCPU, &geglu_packed_infer);
+  ops.impl("geglu_packed_into", c10::kCPU, &geglu_packed_into);
 #elif defined(CUDA_KERNEL)
   ops.impl("geglu_fwd", c10::kCUDA, &geglu_fwd);
   ops.impl("geglu_bwd", c10::kCUDA, &geglu_bwd);
   ops.impl("geglu_mlp_train", torch::dispatch(c10::DispatchKey::AutogradCUDA, TORCH_FN(geglu_mlp_train)));
   ops.impl("geglu_train", torch::dispatch(c10::DispatchKey::AutogradCUDA, TORCH_FN(geglu_train)));
   ops.impl("geglu_packed_train", torch::dispatch(c10::DispatchKey::AutogradCUDA, TORCH_FN(geglu_packed_train)));
+  ops.impl("geglu_infer", c10::kCUDA, &geglu_infer);
+  ops.impl("geglu_packed_infer", c10::kCUDA, &geglu_packed_infer);
+  ops.impl("geglu_packed_into", c10::kCUDA, &geglu_packed_into);
   // ---- CUDA-only ops (kernel_src/geglu_cuda) ----
   // The training MLP's fused backward pointwise: gate <- grad_gate, up <- grad_up,
   // grad_out <- h = gelu(gate) * up, element by element in place (no new M x I buffers).

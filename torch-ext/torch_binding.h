@@ -39,6 +39,11 @@ at::Tensor geglu_mlp_train(at::Tensor const &x, at::Tensor const &w_gate, at::Te
 // geglu_bwd: separate contiguous gate/up of one shape, or a contiguous packed x[..., 2d] (gate first).
 at::Tensor geglu_train(at::Tensor const &gate, at::Tensor const &up, int64_t approximate);
 at::Tensor geglu_packed_train(at::Tensor const &x, int64_t approximate);
+// The same forms for calls that record no graph (kernel_src/autograd_nodes/geglu_infer.cpp): one op call
+// allocates the output (or, for geglu_packed_into, fills a contiguous out[..., d]) and runs geglu_fwd.
+at::Tensor geglu_infer(at::Tensor const &gate, at::Tensor const &up, int64_t approximate);
+at::Tensor geglu_packed_infer(at::Tensor const &x, int64_t approximate);
+void geglu_packed_into(at::Tensor &out, at::Tensor const &x, int64_t approximate);
 
 #if defined(CUDA_KERNEL)
 // In place: gate <- grad_out * up * gelu'(gate), up <- grad_out * gelu(gate),

@@ -82,3 +82,24 @@ def linear_args_ok(x, weight, bias, activation) -> bool:
     if x.shape[-1] != k:
         return False
     return bias is None or (isinstance(bias, T) and bias.dtype == dt and bias.device == dev and bias.shape == (n,))
+
+
+def geglu_args_ok(gate, up, approximate) -> bool:
+    """As :func:`mlp_args_ok`, for ``geglu(gate, up)``."""
+    T = torch.Tensor
+    return (isinstance(gate, T) and isinstance(up, T) and gate.dtype in FLOAT_DTYPES and gate.dim() >= 1
+            and up.dtype == gate.dtype and up.device == gate.device and up.shape == gate.shape
+            and approximate in APPROXIMATIONS)
+
+
+def packed_args_ok(x, approximate) -> bool:
+    """As :func:`mlp_args_ok`, for the packed form ``x = [..., 2d]``."""
+    return (isinstance(x, torch.Tensor) and x.dtype in FLOAT_DTYPES and x.dim() >= 1 and not x.shape[-1] % 2
+            and approximate in APPROXIMATIONS)
+
+
+def packed_out_ok(out, x) -> bool:
+    """The ``out`` of ``gelu_and_mul(out, x)`` (``x`` already passed :func:`packed_args_ok`)."""
+    return (isinstance(out, torch.Tensor) and out.dtype == x.dtype and out.device == x.device
+            and out.dim() == x.dim() and out.shape[-1] * 2 == x.shape[-1] and out.shape[:-1] == x.shape[:-1]
+            and out.is_contiguous())

@@ -73,7 +73,7 @@ def cublaslt_forced() -> bool:
     Without it the measured policy decides (policy_sm90.json: ``linear``, ``linear_gelu_tanh``), and
     ``backend="cuda"`` asks for cuBLASLt explicitly.
     """
-    return os.environ.get("FUSED_GEGLU_CUBLASLT") == "1" and compiled_has("linear_lt", "cuda")
+    return env("FUSED_GEGLU_CUBLASLT") == "1" and compiled_has("linear_lt", "cuda")
 
 
 @lru_cache(maxsize=None)
@@ -101,9 +101,26 @@ def has_backend(device: torch.device, backend: str) -> bool:
 
 _REQUESTABLE = frozenset((*BACKENDS, "auto"))
 
+# os.environ's own store, keyed by encoded names: os.environ.get encodes the name and decodes the
+# value on every read (0.6 µs here), and every public call reads one or two variables. Writes through
+# os.environ (monkeypatch.setenv included) update this same dict, so a read here is never stale.
+_ENV_STORE = getattr(os.environ, "_data", None)
+_ENV_KEYS: dict[str, object] = {}
+
+
+def env(name: str) -> str | None:
+    """``os.environ.get(name)``, read on every call (a variable set at run time takes effect)."""
+    if _ENV_STORE is None or os.name != "posix":
+        return os.environ.get(name)
+    key = _ENV_KEYS.get(name)
+    if key is None:
+        key = _ENV_KEYS[name] = os.environ.encodekey(name)
+    value = _ENV_STORE.get(key)
+    return None if value is None else os.environ.decodevalue(value)
+
 
 def requested(backend: str | None) -> str:
-    value = backend if backend is not None else os.environ.get(ENV_VAR, "auto")
+    value = backend if backend is not None else (env(ENV_VAR) or "auto")
     if value not in _REQUESTABLE:
         raise ValueError(f"backend must be one of {('auto', *BACKENDS)}, got {value!r}")
     return value

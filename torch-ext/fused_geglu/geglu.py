@@ -20,9 +20,30 @@ _APPROX_CODE = {"none": 0, "tanh": 1}
 _POLICY_OP = {"fwd": "geglu_fwd", "bwd": "geglu_bwd", "bwd_inplace": "geglu_bwd_inplace"}
 
 
-def _pick(device: torch.device, backend: str, direction: str = "fwd", numel: int = 0, dense: bool = False) -> str:
+_picks: dict[tuple, str] = {}
+
+
+def _pick(device: torch.device, backend: str | None, direction: str = "fwd", numel: int = 0,
+          dense: bool = False) -> str:
     """``dense``: every operand is contiguous, so both compiled and Triton backends run their flat
-    kernels (the packed form's halves are strided views and run the row kernels)."""
+    kernels (the packed form's halves are strided views and run the row kernels).
+
+    Remembered per (device, backend, direction, size, layout): the answer depends on nothing else
+    (the policy files and the variant's ops are fixed once loaded), and a decode-size call's host
+    time is what it waits on."""
+    if backend is None:
+        backend = _dispatch.requested(None)
+    key = (device, backend, direction, numel, dense)
+    choice = _picks.get(key)
+    if choice is None:
+        choice = _pick_uncached(device, backend, direction, numel, dense)
+        if len(_picks) > 65536:  # sizes vary with the token count: keep the table bounded
+            _picks.clear()
+        _picks[key] = choice
+    return choice
+
+
+def _pick_uncached(device: torch.device, backend: str, direction: str, numel: int, dense: bool) -> str:
     backend = _dispatch.requested(backend)
     if backend == "auto":
         if device.type == "cuda":
@@ -198,27 +219,34 @@ def _(out, x, approximate, backend):
     return None
 
 
-# ---- eager training steps: C++ autograd nodes ---------------------------------------------------
+# ---- eager calls: one compiled op call each ----------------------------------------------------
 
-def _node_backend(device: torch.device, backend: str, numel: int, dense: bool, node: str) -> str | None:
-    """The compiled pointwise backend ("cuda" / "cpu") where both directions of an eager training step
-    would run it and this variant has the C++ node ``node`` (kernel_src/autograd_nodes/geglu_train.cpp,
-    the same kernels as the Python node), else None."""
-    if not _dispatch.CPP_AUTOGRAD or numel == 0 or not torch.is_grad_enabled():
-        return None
+def _compiled_entry(device: torch.device, backend: str, numel: int, dense: bool, grad: bool, node: str) -> str | None:
+    """The compiled pointwise backend ("cuda" / "cpu") where an eager call would run it, so the one-call
+    C++ entry runs the same kernel, else None. Without a graph to record (``grad`` False): where the
+    forward's pick is compiled (kernel_src/autograd_nodes/geglu_infer.cpp). A training step: where
+    both directions' picks are the same compiled backend and this variant has the C++ node ``node``
+    (kernel_src/autograd_nodes/geglu_train.cpp, the same kernels as the Python node)."""
     fwd = _pick(device, backend, "fwd", numel, dense)
-    if fwd not in ("cuda", "cpu") or _pick(device, backend, "bwd", numel, dense) != fwd:
+    if fwd != "cuda" and fwd != "cpu":
+        return None
+    if not grad:
+        return fwd if _dispatch.compiled_has("geglu_infer", device.type) else None
+    if not _dispatch.CPP_AUTOGRAD or numel == 0 or _pick(device, backend, "bwd", numel, dense) != fwd:
         return None
     return fwd if _dispatch.compiled_has_autograd(node, device.type) else None
 
 
-def _packed_differentiable(x: torch.Tensor, approximate: str, backend: str) -> torch.Tensor:
-    if x.requires_grad and x.is_contiguous() and not _tracing((x,)):
-        # The Python node's picks for the packed form: the halves are strided views (not dense).
-        node = _node_backend(x.device, backend, x.numel() // 2, False, "geglu_packed_train")
-        if node is not None:
-            out = ops.geglu_packed_train(x, _APPROX_CODE[approximate])
-            _dispatch.record("gelu_and_mul", node)
+def _packed(x: torch.Tensor, approximate: str, backend: str) -> torch.Tensor:
+    """``geglu_packed`` on checked arguments (``backend`` resolved)."""
+    if x.is_contiguous() and not _tracing((x,)):
+        grad = x.requires_grad and torch.is_grad_enabled()
+        # The Python ops' picks for the packed form: the halves are strided views (not dense).
+        entry = _compiled_entry(x.device, backend, x.numel() // 2, False, grad, "geglu_packed_train")
+        if entry is not None:
+            code = _APPROX_CODE[approximate]
+            out = ops.geglu_packed_train(x, code) if grad else ops.geglu_packed_infer(x, code)
+            _dispatch.record("gelu_and_mul", entry)
             return out
     return geglu_packed_fwd_op(x, approximate, backend)
 
@@ -231,21 +259,28 @@ def geglu(gate: torch.Tensor, up: torch.Tensor, approximate: str = "none",
 
     ``approximate``: ``"none"`` (exact, erf) or ``"tanh"``. Math in fp32, output in the input dtype.
     """
+    if not _checks.geglu_args_ok(gate, up, approximate):
+        _check_geglu(gate, up, approximate)
+    backend = _dispatch.requested(backend)
+    if gate.is_contiguous() and up.is_contiguous() and not _tracing((gate, up)):
+        grad = (gate.requires_grad or up.requires_grad) and torch.is_grad_enabled()
+        entry = _compiled_entry(gate.device, backend, gate.numel(), True, grad, "geglu_train")
+        if entry is not None:
+            code = _APPROX_CODE[approximate]
+            out = ops.geglu_train(gate, up, code) if grad else ops.geglu_infer(gate, up, code)
+            _dispatch.record("geglu", entry)
+            return out
+    return geglu_fwd_op(gate, up, approximate, backend)
+
+
+def _check_geglu(gate, up, approximate) -> None:
+    """The named checks: each failure says which argument and what was expected."""
     _checks.tensor("gate", gate, min_ndim=1)
     _checks.tensor("up", up, min_ndim=1)
     _checks.same_dtype_device("gate", gate, up=up)
     if gate.shape != up.shape:
         raise ValueError(f"gate and up must have the same shape, got {tuple(gate.shape)} and {tuple(up.shape)}")
     _checks.approximate(approximate)
-    backend = _dispatch.requested(backend)
-    if (gate.requires_grad or up.requires_grad) and gate.is_contiguous() and up.is_contiguous() \
-            and not _tracing((gate, up)):
-        node = _node_backend(gate.device, backend, gate.numel(), True, "geglu_train")
-        if node is not None:
-            out = ops.geglu_train(gate, up, _APPROX_CODE[approximate])
-            _dispatch.record("geglu", node)
-            return out
-    return geglu_fwd_op(gate, up, approximate, backend)
 
 
 def _check_packed(x: torch.Tensor, name: str = "x") -> None:
@@ -257,22 +292,31 @@ def _check_packed(x: torch.Tensor, name: str = "x") -> None:
 
 def geglu_packed(x: torch.Tensor, approximate: str = "none", backend: str | None = None) -> torch.Tensor:
     """``gelu(x[..., :d]) * x[..., d:]`` for ``x = [..., 2d]``; differentiable, returns a new tensor."""
-    _check_packed(x)
-    _checks.approximate(approximate)
-    return _packed_differentiable(x, approximate, _dispatch.requested(backend))
+    if not _checks.packed_args_ok(x, approximate):
+        _check_packed(x)
+        _checks.approximate(approximate)
+    return _packed(x, approximate, _dispatch.requested(backend))
 
 
 def _gelu_and_mul(out: torch.Tensor, x: torch.Tensor, approximate: str, backend: str | None) -> torch.Tensor:
-    _check_packed(x)
-    _checks.tensor("out", out)
-    _checks.same_dtype_device("x", x, out=out)
-    _checks.shape("out", out, (*x.shape[:-1], x.shape[-1] // 2), "x.shape[:-1] + (x.shape[-1] // 2,)")
-    if not out.is_contiguous():
-        raise ValueError(f"out must be contiguous, got strides {out.stride()}")
+    if not (_checks.packed_args_ok(x, approximate) and _checks.packed_out_ok(out, x)):
+        _check_packed(x)
+        _checks.tensor("out", out)
+        _checks.same_dtype_device("x", x, out=out)
+        _checks.shape("out", out, (*x.shape[:-1], x.shape[-1] // 2), "x.shape[:-1] + (x.shape[-1] // 2,)")
+        if not out.is_contiguous():
+            raise ValueError(f"out must be contiguous, got strides {out.stride()}")
     backend = _dispatch.requested(backend)
-    if torch.is_grad_enabled() and x.requires_grad:
+    if x.requires_grad and torch.is_grad_enabled():
         # Differentiable path: copy_ records the copy in the graph, so out carries the gradient.
-        out.copy_(_packed_differentiable(x, approximate, backend))
+        out.copy_(_packed(x, approximate, backend))
+        return out
+    entry = None
+    if x.is_contiguous() and not _tracing((out, x)):
+        entry = _compiled_entry(x.device, backend, out.numel(), False, False, "")
+    if entry is not None:
+        ops.geglu_packed_into(out, x, _APPROX_CODE[approximate])
+        _dispatch.record("gelu_and_mul", entry)
     else:
         gelu_and_mul_out_op(out, x, approximate, backend)
     return out

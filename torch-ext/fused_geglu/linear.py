@@ -21,14 +21,28 @@ _GELU_APPROX = {"gelu": "none", "gelu_tanh": "tanh"}
 _POLICY_OP = {"none": "linear", "gelu_tanh": "linear_gelu_tanh", "gelu": "linear_gelu"}
 
 
+_picks: dict[tuple, str] = {}
+
+
 def _pick(device: torch.device, backend: str, activation: str, m: int) -> str:
-    """``backend`` is already resolved by ``_dispatch.requested``."""
-    # cuBLASLt has only a tanh-GELU epilogue: exact GELU never goes there.
+    """``backend`` is already resolved by ``_dispatch.requested``. Remembered per (device, backend,
+    activation, M), as geglu's ``_pick`` is; ``$FUSED_GEGLU_CUBLASLT`` is read on every call."""
+    if backend == "auto" and device.type == "cuda" and activation != "gelu" and _dispatch.cublaslt_forced():
+        return "cuda"  # cuBLASLt has only a tanh-GELU epilogue: exact GELU never goes there
+    key = (device, backend, activation, m)
+    choice = _picks.get(key)
+    if choice is None:
+        choice = _pick_uncached(device, backend, activation, m)
+        if len(_picks) > 65536:  # M varies with the token count: keep the table bounded
+            _picks.clear()
+        _picks[key] = choice
+    return choice
+
+
+def _pick_uncached(device: torch.device, backend: str, activation: str, m: int) -> str:
     lt_ok = activation != "gelu" and _dispatch.compiled_has("linear_lt", "cuda")
     if backend == "auto":
         if device.type == "cuda":
-            if lt_ok and _dispatch.cublaslt_forced():
-                return "cuda"
             # Measured (policy_sm90.json), per activation: ATen's addmm (cuBLASLt with the BIAS
             # epilogue), this project's cuBLASLt call (GELU_AUX_BIAS epilogue) or Triton.
             choice = backend_for(_POLICY_OP[activation], device, "triton", m=m)
@@ -67,13 +81,14 @@ def _aten_forward(x2, weight, bias, activation: str, keep: bool):
     return _gelu_pass(y, activation, keep)
 
 
-def _forward(x, weight, bias, activation: str, save_preact: bool, backend: str):
+def _forward(x, weight, bias, activation: str, save_preact: bool, backend: str, chosen: str | None = None):
     """``(out, preact)`` on real tensors; preact is None unless kept for the backward.
-    ``backend`` is already resolved by ``_dispatch.requested``."""
+    ``backend`` is already resolved by ``_dispatch.requested``; ``chosen``, when given, is its
+    ``_pick`` at this size."""
     x2 = rows(x)
     m, n = x2.shape[0], weight.shape[0]
     device = x.device
-    backend = _pick(device, backend, activation, m)
+    backend = chosen or _pick(device, backend, activation, m)
     keep = save_preact and activation != "none"
     preact = None
     if m == 0:
@@ -190,32 +205,44 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     backend = _dispatch.requested(backend)
     needs_grad = torch.is_grad_enabled() and (
         x.requires_grad or weight.requires_grad or (bias is not None and bias.requires_grad))
-    tracing = _tracing((x, weight, bias))
-    if not needs_grad and not tracing:
-        return _forward(x, weight, bias, activation, False, backend)[0]  # eager inference: no op dispatch
-    if needs_grad and not tracing and _dispatch.CPP_AUTOGRAD and x.numel():
-        out = _train_with_cpp_nodes(x, weight, bias, activation, backend)
+    if _tracing((x, weight, bias)):
+        return linear_fwd_op(x, weight, bias, activation, needs_grad, backend)[0]
+    k = weight.shape[1]
+    chosen = _pick(x.device, backend, activation, x.numel() // k if k else 0)
+    if chosen == "torch" or chosen == "cpu":
+        if x.dim() == 2 or x.is_contiguous():
+            # ATen is the implementation: its own ops, and when training its own autograd nodes. A
+            # contiguous N-D x reaches the same addmm inside F.linear, without two views here.
+            out = F.linear(x, weight, bias)
+            if activation != "none":
+                approx = _GELU_APPROX[activation]
+                out = F.gelu(out, approximate=approx) if needs_grad else torch._C._nn.gelu_(out, approximate=approx)
+            _dispatch.record("linear", chosen)
+            return out
+    if not needs_grad:
+        return _forward(x, weight, bias, activation, False, backend, chosen)[0]  # eager inference: no op dispatch
+    if _dispatch.CPP_AUTOGRAD and x.numel():
+        out = _train_with_cpp_nodes(x, weight, bias, activation, chosen)
         if out is not None:
             return out
     out, _ = linear_fwd_op(x, weight, bias, activation, needs_grad, backend)
     return out
 
 
-def _train_with_cpp_nodes(x, weight, bias, activation: str, backend: str) -> torch.Tensor | None:
+def _train_with_cpp_nodes(x, weight, bias, activation: str, chosen: str) -> torch.Tensor | None:
     """An eager training step whose autograd nodes are C++, where the Python node would run the same
-    kernels: ATen's own ``linear`` (+ GELU) where ATen is the chosen implementation, or
-    ``linear_lt_train`` (kernel_src/autograd_nodes/linear_lt_train.cpp) where the cuBLASLt path would
-    run with the GELU in its epilogue. None: keep the Python node."""
-    n, k = weight.shape
-    chosen = _pick(x.device, backend, activation, x.numel() // k)
+    kernels: ATen's own ``linear`` (+ GELU) where ATen is the chosen implementation (a strided N-D
+    x, which the Python node would copy to rows first), or ``linear_lt_train``
+    (kernel_src/autograd_nodes/linear_lt_train.cpp) where the cuBLASLt path would run with the GELU
+    in its epilogue. None: keep the Python node."""
     if chosen in ("torch", "cpu"):
-        out = F.linear(x, weight, bias)
+        out = F.linear(rows(x), weight, bias)
         if activation != "none":
             out = F.gelu(out, approximate=_GELU_APPROX[activation])
         _dispatch.record("linear", chosen)
-        return out
+        return out.view(*x.shape[:-1], weight.shape[0])
     if chosen == "cuda" and x.is_contiguous() and _dispatch.compiled_has_autograd("linear_lt_train", "cuda") \
-            and (activation == "none" or (x.dtype != torch.float32 and n % 8 == 0)):
+            and (activation == "none" or (x.dtype != torch.float32 and weight.shape[0] % 8 == 0)):
         out = ops.linear_lt_train(x, weight, bias, 0 if activation == "none" else 1)
         _dispatch.record("linear", "cuda")
         return out
