@@ -143,10 +143,11 @@ def test_backend_environment_is_read_on_every_call(kernel, device, monkeypatch):
 @pytest.mark.parametrize("activation", [None, "gelu_tanh", "gelu"])
 @pytest.mark.parametrize("layout", ["2d", "3d", "3d_strided", "2d_transposed"])
 def test_linear_on_aten_takes_the_short_path(kernel, device, monkeypatch, dtype, activation, layout):
-    """linear where ATen is the implementation (backend "torch"): no grad, N-D contiguous x straight
-    into F.linear (the addmm ATen reaches itself) with the GELU in place; a strided N-D x as rows
-    first (one copy, then addmm with the bias in its epilogue, not ATen's matmul + separate add). The
-    bits of the op path (``linear_fwd_op``), right against float64, with and without a graph."""
+    """linear where ATen is the implementation (backend "torch"): no grad, a contiguous x straight
+    into F.linear (the addmm ATen reaches itself) with the GELU in place; a strided x as rows first
+    (one copy, then addmm with the bias in its epilogue, not ATen's matmul + separate add; on the
+    H200 a transposed fp32 x given to cuBLAS as is took another GEMM, with other bits). The bits of
+    the op path (``linear_fwd_op``), right against float64, with and without a graph."""
     monkeypatch.delenv("FUSED_GEGLU_CUBLASLT", raising=False)
     linear_mod = _mod(kernel, "linear")
     k, n = 40, 24
