@@ -34,7 +34,9 @@ for phase in "$@"; do
     build)
       nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv | tee "$OUT/gpu.txt"
       # Objects of unchanged kernel sources from an earlier call (see the header) skip their compile.
-      if [ -d .objcache-cu ]; then mkdir -p build/.objcache && cp -n .objcache-cu/*.o build/.objcache/ 2>/dev/null; fi
+      # They move into build/ before the build: where the copy's .git does not know the commit, the
+      # builder names the tree by its files, and the tree the tests see must be the tree it named.
+      if [ -d .objcache-cu ]; then mkdir -p build/.objcache && cp -n .objcache-cu/*.o build/.objcache/ 2>/dev/null; rm -rf .objcache-cu; fi
       $FG build --backends cuda 2>&1 | tee "$OUT/build.log"; rc=${PIPESTATUS[0]}
       tar czf "$OUT/objcache-cu.tgz" -C build/.objcache . 2>/dev/null
       $FG stage >> "$OUT/build.log" 2>&1
