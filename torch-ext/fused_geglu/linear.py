@@ -210,7 +210,7 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     k = weight.shape[1]
     chosen = _pick(x.device, backend, activation, x.numel() // k if k else 0)
     if chosen == "torch" or chosen == "cpu":
-        if x.is_contiguous():
+        if x.is_contiguous() and (not needs_grad or _dispatch.CPP_AUTOGRAD):
             # ATen is the implementation: its own ops, and when training its own autograd nodes. A
             # contiguous N-D x reaches the same addmm inside F.linear, without two views here. A
             # strided x is made rows first (below), as the op path does: one addmm with the bias in
