@@ -25,17 +25,19 @@ def _eager(x, w, b, activation):
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("activation", [None, "gelu", "gelu_tanh"])
-@pytest.mark.parametrize("with_bias", [True, False], ids=["bias", "nobias"])
+@pytest.mark.parametrize("with_bias", ["vector", None, "addend"], ids=["bias", "nobias", "addend"])
 @pytest.mark.parametrize("shape", SHAPES, ids=str)
 def test_linear_forward_backward(kernel, device, backend, dtype, activation, with_bias, shape):
+    """``with_bias``: a vector [N], none, or an addend of the output's shape [..., N] (a residual)."""
     _skip_unless(kernel, device, backend, dtype)
-    if backend == "cuda" and activation == "gelu":
+    if backend == "cuda" and activation == "gelu" and with_bias != "addend":
         pytest.skip("cuBLASLt has no exact-GELU epilogue (auto dispatch routes it to Triton)")
     x_shape, n = shape
     k = x_shape[-1]
     x = randn(*x_shape, dtype=dtype, device=device, requires_grad=True)
     w = randn(n, k, dtype=dtype, device=device, scale=k**-0.5, requires_grad=True)
-    b = randn(n, dtype=dtype, device=device, requires_grad=True) if with_bias else None
+    b_shape = {"vector": (n,), "addend": (*x_shape[:-1], n)}.get(with_bias)
+    b = randn(*b_shape, dtype=dtype, device=device, requires_grad=True) if b_shape else None
     y = kernel.linear(x, w, b, activation=activation, backend=backend)
     assert kernel.last_backend("linear") == backend
     ref = kernel.reference.linear_ref(x.detach(), w.detach(), None if b is None else b.detach(), activation)
@@ -60,9 +62,11 @@ def test_linear_forward_backward(kernel, device, backend, dtype, activation, wit
 @pytest.mark.parametrize("backend", ["triton", None], ids=["triton", "auto"])
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("activation", [None, "gelu_tanh"])
-def test_linear_skinny_split_k(kernel, device, backend, dtype, activation):
+@pytest.mark.parametrize("bias_kind", ["vector", "addend"])
+def test_linear_skinny_split_k(kernel, device, backend, dtype, activation, bias_kind):
     """Decode sizes: few output tiles, so the Triton GEMM splits K and sums the slices in a second
-    kernel that runs the epilogue. The K here is split into slices with a ragged last one."""
+    kernel that runs the epilogue (with the bias vector or the [M, N] addend). The K here is split
+    into slices with a ragged last one."""
     _skip_unless(kernel, device, backend or "torch", dtype)
     if backend is None and device == "cpu" and dtype == torch.bfloat16:
         pytest.skip("auto on CPU is the compiled CPU backend; covered by test_linear_forward_backward")
@@ -74,7 +78,7 @@ def test_linear_skinny_split_k(kernel, device, backend, dtype, activation):
     assert split > 1 and k % per != 0, (cfg, split, per)  # the split path, ragged last slice
     x = randn(m, k, dtype=dtype, device=device, requires_grad=True)
     w = randn(n, k, dtype=dtype, device=device, scale=k**-0.5, requires_grad=True)
-    b = randn(n, dtype=dtype, device=device, requires_grad=True)
+    b = randn(*((n,) if bias_kind == "vector" else (m, n)), dtype=dtype, device=device, requires_grad=True)
     y = kernel.linear(x, w, b, activation=activation, backend=backend)
     eager = _eager(x, w, b, activation)
     assert_close(y, kernel.reference.linear_ref(x.detach(), w.detach(), b.detach(), activation), eager, "linear")
@@ -119,18 +123,75 @@ def test_linear_non_contiguous_x(kernel, device, backend):
     base = randn(8, 6, 40, device=device)
     w = randn(12, 20, device=device, scale=0.2)
     b = randn(12, device=device)
-    for name, x in {"x[::2]": base[::2, :, :20], "last-dim stride 2": base[..., ::2]}.items():
+    seq_first = randn(7, 3, 20, device=device).transpose(0, 1)  # [S, B, K] seen as [B, S, K]
+    for name, x in {"x[::2]": base[::2, :, :20], "last-dim stride 2": base[..., ::2], "sequence-first": seq_first}.items():
         y = kernel.linear(x, w, b, backend=backend)
         assert y.shape == (*x.shape[:-1], 12)
         assert_close(y, kernel.reference.linear_ref(x, w, b), F.linear(x, w, b), name)
+
+
+def _linear_module(kernel):
+    return importlib.import_module(f"{kernel.__name__}.linear")
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("activation", [None, "gelu_tanh", "gelu"])
+@pytest.mark.parametrize("dims", [(3, 37, 67, 45), (2, 8, 64, 96), (4, 16, 96, 40)], ids=str)
+def test_linear_sequence_first_x_is_one_batched_gemm(kernel, device, monkeypatch, dtype, activation, dims):
+    """A sequence-first x ([S, B, K] seen as [B, S, K]) has rows no 2-D view covers. Inference on
+    CUDA runs it as B strided batches of one cuBLASLt GEMM with the bias (and tanh GELU) in the
+    epilogue: no copy of x (``rows`` is made to raise here), where ATen runs bmm and then a bias add.
+    Odd K and S leave batches misaligned for 16-byte loads; the alignment cuBLASLt is told covers
+    every batch. Right against float64; backend "torch" stays ATen; a training step copies to rows."""
+    if device != "cuda":
+        pytest.skip("cuBLASLt runs on CUDA only; on CPU a sequence-first x is copied to rows "
+                    "(test_linear_non_contiguous_x)")
+    linear_mod = _linear_module(kernel)
+    if not importlib.import_module(f"{kernel.__name__}._dispatch").compiled_has("linear_lt", "cuda"):
+        pytest.skip("this variant has no compiled cuBLASLt linear")
+    bsz, s, k, n = dims
+    x = randn(s, bsz, k, dtype=dtype, device=device).transpose(0, 1)
+    w = randn(n, k, dtype=dtype, device=device, scale=k**-0.5)
+    b = randn(n, dtype=dtype, device=device, scale=0.5)
+    ref = kernel.reference.linear_ref(x.double(), w.double(), b.double(), activation)
+    eager = _eager(x, w, b, activation)
+    with monkeypatch.context() as mp:
+        def no_rows(t):
+            raise AssertionError("x was copied to rows")
+
+        mp.setattr(linear_mod, "rows", no_rows)
+        with torch.no_grad():
+            y = kernel.linear(x, w, b, activation=activation)
+    assert kernel.last_backend("linear") == "cuda"
+    assert y.shape == (bsz, s, n) and y.is_contiguous()
+    assert_close(y, ref, eager, f"linear {activation} sequence-first")
+    y_op = linear_mod.linear_fwd_op(x, w, b, activation or "none", False, "auto")[0]  # the traced path
+    assert torch.equal(y_op, y)
+    with torch.no_grad():
+        y_torch = kernel.linear(x, w, b, activation=activation, backend="torch")
+    assert kernel.last_backend("linear") == "torch"
+    assert_close(y_torch, ref, eager, f"linear {activation} sequence-first, backend torch")
+    leaves = [t.clone().requires_grad_() for t in (w, b)]
+    yg = kernel.linear(x, *leaves, activation=activation)
+    assert_close(yg, ref, eager, f"linear {activation} sequence-first, training")
+    grads = torch.autograd.grad(yg, leaves, torch.ones_like(yg))
+    l64 = [t.detach().double().requires_grad_() for t in (w, b)]
+    r64 = torch.autograd.grad(kernel.reference.linear_ref(x.double(), *l64, activation), l64,
+                              torch.ones(yg.shape, dtype=torch.float64, device=device))
+    le = [t.detach().clone().requires_grad_() for t in (w, b)]
+    re = torch.autograd.grad(_eager(x, *le, activation), le, torch.ones_like(yg))
+    for name, g, r, e in zip(("dW", "db"), grads, r64, re):
+        assert_close(g, r, e, f"linear {activation} sequence-first {name}")
 
 
 def test_linear_bad_input(kernel, device):
     x, w = randn(4, 6, device=device), randn(5, 6, device=device)
     with pytest.raises(ValueError, match="x has 6 input features"):
         kernel.linear(randn(4, 6, device=device), randn(5, 7, device=device))
-    with pytest.raises(ValueError, match=r"bias must have shape \(5,\)"):
+    with pytest.raises(ValueError, match=r"bias must have shape \(5,\) \(weight.shape\[0\]\) or the output's shape \(4, 5\)"):
         kernel.linear(x, w, randn(4, device=device))
+    with pytest.raises(ValueError, match=r"bias must have shape .* got \(1, 5\)"):
+        kernel.linear(x, w, randn(1, 5, device=device))  # broadcasting forms are refused, not guessed
     with pytest.raises(ValueError, match="weight must be 2-D"):
         kernel.linear(x, randn(5, 6, 1, device=device))
     with pytest.raises(TypeError, match="weight has dtype torch.bfloat16"):

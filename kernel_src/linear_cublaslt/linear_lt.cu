@@ -2,6 +2,14 @@
 // reduced in the same call (BGRADB).
 //
 //   linear_lt:            out[M,N] = act(x[M,K] @ weight[N,K]^T + bias[N])
+//                         x may also be 3-D [B,S,K] with any batch and row strides (M = B*S, out
+//                         in (b, s) row order): one strided-batched call, the weight and the bias
+//                         broadcast over the batch (batch offset 0), no copy of x. This is the
+//                         sequence-first activation seen batch-first, x[S,B,K].transpose(0, 1),
+//                         which no 2-D view covers: ATen runs bmm and then a separate bias add.
+//                         bias may instead be a matrix [M,N] (an addend, e.g. a residual): it is the
+//                         GEMM's C with beta 1, read once in the epilogue (ATen's addmm copies it
+//                         into the output first and then runs the GEMM with beta 1 over it).
 //                         activation 0: none (epilogue BIAS, or DEFAULT without bias)
 //                         activation 1: tanh-GELU (GELU_BIAS / GELU, or GELU_AUX_BIAS / GELU_AUX
 //                                       when preact_out[M,N] receives x @ weight^T + bias)
@@ -25,6 +33,7 @@
 #include <cublasLt.h>
 #include <ATen/ATen.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
 #include <functional>
@@ -64,6 +73,14 @@ uint32_t ptr_alignment(const void *p) {
   return a == 0 ? 256 : al;
 }
 
+// The alignment every batch's matrix keeps: that of the first one's address and of the batch
+// offset in bytes (a batch stride of an odd number of elements misaligns every other batch).
+uint32_t batch_alignment(const void *p, int64_t batch_stride, cudaDataType_t t) {
+  const int64_t elt = t == CUDA_R_32F ? 4 : 2;
+  return std::min(ptr_alignment(p),
+                  ptr_alignment(reinterpret_cast<const void *>(uintptr_t(batch_stride * elt))));
+}
+
 void check_rowmajor_2d(const at::Tensor &t, const char *name) {
   TORCH_CHECK(t.dim() == 2, "fused_geglu cuBLASLt: ", name, " must be 2-D, got ", t.sizes());
   TORCH_CHECK(t.is_cuda(), "fused_geglu cuBLASLt: ", name, " must be a CUDA tensor");
@@ -96,26 +113,29 @@ using Describe = std::function<std::string()>;
 struct PlanKey {
   int device;
   int a_type, d_type, bias_type;
-  int64_t m, n, k, lda, ldb, ldd, ldaux;
+  int64_t m, n, k, lda, ldb, ldc, ldd, ldaux;  // ldc 0: no C operand (beta 0, C is D)
+  int64_t batch, batch_stride_b, batch_stride_d;  // batch 1: a plain GEMM (A is never batched)
   int transa, transb;
   int epilogue;
   int tf32;
-  uint32_t al_a, al_b, al_d, al_bias, al_aux;
+  uint32_t al_a, al_b, al_c, al_d, al_bias, al_aux;
   auto tie() const {
-    return std::make_tuple(device, a_type, d_type, bias_type, m, n, k, lda, ldb, ldd, ldaux,
+    return std::make_tuple(device, a_type, d_type, bias_type, m, n, k, lda, ldb, ldc, ldd, ldaux,
+                           std::make_tuple(batch, batch_stride_b, batch_stride_d),
                            transa, transb, epilogue, tf32,
-                           std::make_tuple(al_a, al_b, al_d, al_bias, al_aux));
+                           std::make_tuple(al_a, al_b, al_c, al_d, al_bias, al_aux));
   }
   bool operator<(const PlanKey &o) const { return tie() < o.tie(); }
 };
 
 struct Plan {
   cublasLtMatmulDesc_t desc = nullptr;
-  cublasLtMatrixLayout_t la = nullptr, lb = nullptr, ld = nullptr;
+  cublasLtMatrixLayout_t la = nullptr, lb = nullptr, lc = nullptr, ld = nullptr;
   cublasLtMatmulAlgo_t algo;
   ~Plan() {
     if (la) cublasLtMatrixLayoutDestroy(la);
     if (lb) cublasLtMatrixLayoutDestroy(lb);
+    if (lc) cublasLtMatrixLayoutDestroy(lc);
     if (ld) cublasLtMatrixLayoutDestroy(ld);
     if (desc) cublasLtMatmulDescDestroy(desc);
   }
@@ -165,6 +185,23 @@ Plan &get_plan(const PlanKey &key, cublasLtHandle_t handle, const Describe &what
   FG_LT_CHECK(cublasLtMatrixLayoutCreate(&plan->la, a_type, a_rows, a_cols, key.lda), what);
   FG_LT_CHECK(cublasLtMatrixLayoutCreate(&plan->lb, a_type, b_rows, b_cols, key.ldb), what);
   FG_LT_CHECK(cublasLtMatrixLayoutCreate(&plan->ld, d_type, key.m, key.n, key.ldd), what);
+  if (key.ldc > 0) {
+    FG_LT_CHECK(cublasLtMatrixLayoutCreate(&plan->lc, d_type, key.m, key.n, key.ldc), what);
+  }
+  if (key.batch > 1) {
+    // A (the weight) is shared by every batch: batch offset 0. The bias batch stride keeps its
+    // default, 0, so the one bias vector is added to every batch.
+    const int32_t count = int32_t(key.batch);
+    const int64_t offsets[3] = {0, key.batch_stride_b, key.batch_stride_d};
+    cublasLtMatrixLayout_t layouts[3] = {plan->la, plan->lb, plan->ld};
+    for (int i = 0; i < 3; ++i) {
+      FG_LT_CHECK(cublasLtMatrixLayoutSetAttribute(layouts[i], CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT,
+                                                   &count, sizeof(count)), what);
+      FG_LT_CHECK(cublasLtMatrixLayoutSetAttribute(
+                      layouts[i], CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &offsets[i],
+                      sizeof(offsets[i])), what);
+    }
+  }
 
   cublasLtMatmulPreference_t pref = nullptr;
   FG_LT_CHECK(cublasLtMatmulPreferenceCreate(&pref), what);
@@ -177,7 +214,7 @@ Plan &get_plan(const PlanKey &key, cublasLtHandle_t handle, const Describe &what
   const std::pair<cublasLtMatmulPreferenceAttributes_t, uint32_t> aligns[] = {
       {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, key.al_a},
       {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, key.al_b},
-      {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, key.al_d},
+      {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, key.ldc > 0 ? key.al_c : key.al_d},
       {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, key.al_d}};
   for (auto &[attr, v] : aligns) {
     FG_LT_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, attr, &v, sizeof(v)), what);
@@ -185,25 +222,28 @@ Plan &get_plan(const PlanKey &key, cublasLtHandle_t handle, const Describe &what
   cublasLtMatmulHeuristicResult_t result;
   std::memset(&result, 0, sizeof(result));
   int found = 0;
-  FG_LT_CHECK(cublasLtMatmulAlgoGetHeuristic(handle, plan->desc, plan->la, plan->lb, plan->ld,
-                                             plan->ld, pref, 1, &result, &found), what);
+  FG_LT_CHECK(cublasLtMatmulAlgoGetHeuristic(handle, plan->desc, plan->la, plan->lb,
+                                             plan->lc ? plan->lc : plan->ld, plan->ld, pref, 1,
+                                             &result, &found), what);
   TORCH_CHECK(found > 0, "fused_geglu cuBLASLt: no algorithm found for ", what());
   plan->algo = result.algo;
   return *g_plans.emplace(key, std::move(plan)).first->second;
 }
 
-// One cuBLASLt matmul D = op(A) op(B) (+ epilogue). Pointers of bias / aux may be null.
-void lt_matmul(PlanKey key, const void *A, const void *B, void *D, const void *bias, void *aux,
-               const Describe &what) {
+// One cuBLASLt matmul D = op(A) op(B) (+ C when key.ldc > 0) (+ epilogue). Pointers of bias / aux
+// may be null; C is read only when key.ldc > 0.
+void lt_matmul(PlanKey key, const void *A, const void *B, const void *C, void *D, const void *bias,
+               void *aux, const Describe &what) {
   key.al_a = ptr_alignment(A);
-  key.al_b = ptr_alignment(B);
-  key.al_d = ptr_alignment(D);
+  key.al_b = key.batch > 1 ? batch_alignment(B, key.batch_stride_b, cudaDataType_t(key.a_type)) : ptr_alignment(B);
+  key.al_d = key.batch > 1 ? batch_alignment(D, key.batch_stride_d, cudaDataType_t(key.d_type)) : ptr_alignment(D);
+  key.al_c = key.ldc > 0 ? ptr_alignment(C) : 0;
   key.al_bias = bias ? ptr_alignment(bias) : 0;
   key.al_aux = aux ? ptr_alignment(aux) : 0;
   cublasLtHandle_t handle = at::cuda::getCurrentCUDABlasLtHandle();
   cudaStream_t stream = at::cuda::getCurrentCUDAStream();
   void *ws = workspace_for(key.device, stream);
-  const float alpha = 1.0f, beta = 0.0f;
+  const float alpha = 1.0f, beta = key.ldc > 0 ? 1.0f : 0.0f;
 
   std::lock_guard<std::mutex> lock(g_plan_mu);
   Plan &plan = get_plan(key, handle, what);
@@ -215,8 +255,9 @@ void lt_matmul(PlanKey key, const void *A, const void *B, void *D, const void *b
     FG_LT_CHECK(cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER,
                                                &aux, sizeof(aux)), what);
   }
-  FG_LT_CHECK(cublasLtMatmul(handle, plan.desc, &alpha, A, plan.la, B, plan.lb, &beta, D, plan.ld,
-                             D, plan.ld, &plan.algo, ws, kWorkspaceBytes, stream), what);
+  FG_LT_CHECK(cublasLtMatmul(handle, plan.desc, &alpha, A, plan.la, B, plan.lb, &beta,
+                             key.ldc > 0 ? C : D, plan.lc ? plan.lc : plan.ld, D, plan.ld,
+                             &plan.algo, ws, kWorkspaceBytes, stream), what);
 }
 
 std::string shapes_str(const char *op, std::initializer_list<std::pair<const char *, at::Tensor>> ts) {
@@ -239,11 +280,20 @@ std::string shapes_str(const char *op, std::initializer_list<std::pair<const cha
 void linear_lt(at::Tensor &out, at::Tensor const &x, at::Tensor const &weight,
                std::optional<at::Tensor> const &bias, int64_t activation,
                std::optional<at::Tensor> const &preact_out) {
-  check_rowmajor_2d(x, "x");
+  TORCH_CHECK(x.dim() == 2 || x.dim() == 3, "linear_lt: x must be 2-D [M, K] or 3-D [B, S, K], got ",
+              x.sizes());
+  if (x.dim() == 3 && x.size(0) == 1) {
+    return linear_lt(out, x.select(0, 0), weight, bias, activation, preact_out);
+  }
+  // A 3-D x [B, S, K] is checked as its first batch (a [S, K] row-major matrix) plus a batch stride.
+  const bool batched = x.dim() == 3;
+  check_rowmajor_2d(batched ? x.select(0, 0) : x, "x");
   check_rowmajor_2d(weight, "weight");
   TORCH_CHECK(out.dim() == 2 && out.is_contiguous(), "linear_lt: out must be a contiguous 2-D tensor, got ",
               out.sizes(), " strides ", out.strides());
-  const int64_t M = x.size(0), K = x.size(1), N = weight.size(0);
+  const int64_t B = batched ? x.size(0) : 1, S = batched ? x.size(1) : x.size(0);
+  const int64_t M = B * S, K = x.size(-1), N = weight.size(0);
+  TORCH_CHECK(!batched || B <= INT32_MAX, "linear_lt: at most 2^31 - 1 batches, got ", B);
   TORCH_CHECK(weight.size(1) == K, "linear_lt: weight must be [N, K=", K, "], got ", weight.sizes());
   TORCH_CHECK(out.size(0) == M && out.size(1) == N, "linear_lt: out must be [", M, ", ", N,
               "], got ", out.sizes());
@@ -254,16 +304,28 @@ void linear_lt(at::Tensor &out, at::Tensor const &x, at::Tensor const &weight,
               "(tanh GELU), got ", activation);
   TORCH_CHECK(x.device() == weight.device() && out.device() == x.device(),
               "linear_lt: tensors on different devices");
-  const bool has_bias = bias.has_value() && bias->defined();
+  const bool has_addend = bias.has_value() && bias->defined() && bias->dim() == 2;
+  const bool has_bias = bias.has_value() && bias->defined() && !has_addend;
   const bool has_aux = preact_out.has_value() && preact_out->defined();
   if (has_bias) {
     TORCH_CHECK(bias->dim() == 1 && bias->size(0) == N && bias->is_contiguous(),
-                "linear_lt: bias must be contiguous [", N, "], got ", bias->sizes());
+                "linear_lt: bias must be contiguous [", N, "] or a matrix [M, N], got ", bias->sizes());
+  }
+  if (has_addend) {
+    TORCH_CHECK(!batched && activation == 0 && !has_aux, "linear_lt: a matrix bias (addend) goes with "
+                "a 2-D x and no activation (apply GELU after it: cuBLASLt's epilogue order is not relied on)");
+    TORCH_CHECK(bias->size(0) == M && bias->size(1) == N, "linear_lt: a matrix bias must be [", M, ", ",
+                N, "], got ", bias->sizes());
+    check_rowmajor_2d(*bias, "bias");
+  }
+  if (has_bias || has_addend) {
     TORCH_CHECK(bias->scalar_type() == out.scalar_type(), "linear_lt: bias dtype ",
                 bias->scalar_type(), " != out dtype ", out.scalar_type());
+    TORCH_CHECK(bias->device() == out.device(), "linear_lt: bias is on another device");
   }
   if (has_aux) {
     TORCH_CHECK(activation == 1, "linear_lt: preact_out is only written with activation=1 (GELU)");
+    TORCH_CHECK(!batched, "linear_lt: preact_out is written for 2-D x only");
     TORCH_CHECK(preact_out->sizes() == out.sizes() && preact_out->is_contiguous() &&
                     preact_out->scalar_type() == out.scalar_type(),
                 "linear_lt: preact_out must be contiguous ", out.sizes(), " ", out.scalar_type(),
@@ -275,7 +337,8 @@ void linear_lt(at::Tensor &out, at::Tensor const &x, at::Tensor const &weight,
   if (M == 0 || N == 0) return;
   const c10::cuda::CUDAGuard guard(x.device());
   if (K == 0) {  // empty reduction: cuBLASLt rejects k = 0
-    at::Tensor pre = has_bias ? bias->unsqueeze(0).expand({M, N}) : at::zeros_like(out);
+    at::Tensor pre = has_bias ? bias->unsqueeze(0).expand({M, N})
+                     : has_addend ? *bias : at::zeros_like(out);
     if (has_aux) preact_out->copy_(pre);
     out.copy_(activation == 1 ? at::gelu(pre, "tanh") : pre);
     return;
@@ -292,18 +355,23 @@ void linear_lt(at::Tensor &out, at::Tensor const &x, at::Tensor const &weight,
   key.d_type = to_cuda_dtype(out.scalar_type());
   key.bias_type = has_bias ? to_cuda_dtype(bias->scalar_type()) : -1;
   key.m = N;
-  key.n = M;
+  key.n = S;  // rows per batch (all M rows when x is 2-D)
   key.k = K;
   key.lda = std::max<int64_t>(weight.stride(0), K);
-  key.ldb = std::max<int64_t>(x.stride(0), K);
+  key.ldb = std::max<int64_t>(x.stride(-2), K);
+  key.ldc = has_addend ? std::max<int64_t>(bias->stride(0), N) : 0;
   key.ldd = N;
   key.ldaux = has_aux ? N : 0;
+  key.batch = B;
+  key.batch_stride_b = batched ? x.stride(0) : 0;
+  key.batch_stride_d = batched ? S * N : 0;
   key.transa = CUBLAS_OP_T;
   key.transb = CUBLAS_OP_N;
   key.epilogue = epi;
   key.tf32 = x.scalar_type() == at::kFloat && at::globalContext().allowTF32CuBLAS();
-  lt_matmul(key, weight.data_ptr(), x.data_ptr(), out.data_ptr(),
-            has_bias ? bias->data_ptr() : nullptr, has_aux ? preact_out->data_ptr() : nullptr,
+  lt_matmul(key, weight.data_ptr(), x.data_ptr(), has_addend ? bias->data_ptr() : nullptr,
+            out.data_ptr(), has_bias ? bias->data_ptr() : nullptr,
+            has_aux ? preact_out->data_ptr() : nullptr,
             [&] {
               return shapes_str("linear_lt", {{"out", out}, {"x", x}, {"weight", weight},
                                               {"bias", has_bias ? *bias : at::Tensor()},
@@ -355,11 +423,12 @@ void linear_lt_bwd_weight(at::Tensor &dw, std::optional<at::Tensor> const &db,
   key.ldb = std::max<int64_t>(grad_y.stride(0), N);
   key.ldd = K;
   key.ldaux = 0;
+  key.batch = 1;
   key.transa = CUBLAS_OP_N;
   key.transb = CUBLAS_OP_T;
   key.epilogue = has_db ? CUBLASLT_EPILOGUE_BGRADB : CUBLASLT_EPILOGUE_DEFAULT;
   key.tf32 = x.scalar_type() == at::kFloat && at::globalContext().allowTF32CuBLAS();
-  lt_matmul(key, x.data_ptr(), grad_y.data_ptr(), dw.data_ptr(),
+  lt_matmul(key, x.data_ptr(), grad_y.data_ptr(), nullptr, dw.data_ptr(),
             has_db ? db->data_ptr() : nullptr, nullptr,
             [&] {
               return shapes_str("linear_lt_bwd_weight", {{"dw", dw},

@@ -81,7 +81,20 @@ def linear_args_ok(x, weight, bias, activation) -> bool:
     n, k = weight.shape
     if x.shape[-1] != k:
         return False
-    return bias is None or (isinstance(bias, T) and bias.dtype == dt and bias.device == dev and bias.shape == (n,))
+    if bias is None:
+        return True
+    if not (isinstance(bias, T) and bias.dtype == dt and bias.device == dev):
+        return False
+    return bias.shape == (n,) or (x.dim() > 1 and bias.shape == (*x.shape[:-1], n))
+
+
+def linear_bias(name: str, bias: torch.Tensor, x: torch.Tensor, n: int) -> None:
+    """``linear``'s bias: a vector [N], or an addend of the output's shape [..., N] (x's leading dims)."""
+    tensor(name, bias)
+    out_shape = (*x.shape[:-1], n)
+    if tuple(bias.shape) != (n,) and not (x.dim() > 1 and tuple(bias.shape) == out_shape):
+        raise ValueError(f"{name} must have shape ({n},) (weight.shape[0]) or the output's shape {out_shape} "
+                         f"(an addend), got {tuple(bias.shape)}")
 
 
 def geglu_args_ok(gate, up, approximate) -> bool:

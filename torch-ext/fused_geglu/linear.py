@@ -24,24 +24,30 @@ _POLICY_OP = {"none": "linear", "gelu_tanh": "linear_gelu_tanh", "gelu": "linear
 _picks: dict[tuple, str] = {}
 
 
-def _pick(device: torch.device, backend: str, activation: str, m: int) -> str:
+def _pick(device: torch.device, backend: str, activation: str, m: int, addend: bool = False) -> str:
     """``backend`` is already resolved by ``_dispatch.requested``. Remembered per (device, backend,
-    activation, M), as geglu's ``_pick`` is; ``$FUSED_GEGLU_CUBLASLT`` is read on every call."""
+    activation, M, addend), as geglu's ``_pick`` is; ``$FUSED_GEGLU_CUBLASLT`` is read on every call.
+    ``addend``: the bias is a matrix of the output's shape."""
     if backend == "auto" and device.type == "cuda" and activation != "gelu" and _dispatch.cublaslt_forced():
         return "cuda"  # cuBLASLt has only a tanh-GELU epilogue: exact GELU never goes there
-    key = (device, backend, activation, m)
+    key = (device, backend, activation, m, addend)
     choice = _picks.get(key)
     if choice is None:
-        choice = _pick_uncached(device, backend, activation, m)
+        choice = _pick_uncached(device, backend, activation, m, addend)
         if len(_picks) > 65536:  # M varies with the token count: keep the table bounded
             _picks.clear()
         _picks[key] = choice
     return choice
 
 
-def _pick_uncached(device: torch.device, backend: str, activation: str, m: int) -> str:
+def _pick_uncached(device: torch.device, backend: str, activation: str, m: int, addend: bool) -> str:
     lt_ok = activation != "gelu" and _dispatch.compiled_has("linear_lt", "cuda")
     if backend == "auto":
+        if device.type == "cuda" and addend and _dispatch.compiled_has("linear_lt", "cuda"):
+            # An addend (any activation: its GELU runs as a pass after the GEMM) is cuBLASLt's C
+            # operand, read once in the epilogue; ATen's addmm copies it into the output and then
+            # runs the GEMM with beta 1 over that copy, one [M, N] write and read more.
+            return "cuda"
         if device.type == "cuda":
             # Measured (policy_sm90.json), per activation: ATen's addmm (cuBLASLt with the BIAS
             # epilogue), this project's cuBLASLt call (GELU_AUX_BIAS epilogue) or Triton.
@@ -55,7 +61,7 @@ def _pick_uncached(device: torch.device, backend: str, activation: str, m: int) 
                 return cand
     if backend == "cuda":
         _dispatch.check_available("linear", device, backend, needs_compiled=("linear_lt",))
-        if activation == "gelu":
+        if activation == "gelu" and not addend:
             raise ValueError("backend 'cuda' (cuBLASLt) has no exact-GELU epilogue; use activation="
                              "'gelu_tanh' or backend='triton'")
     else:
@@ -73,29 +79,56 @@ def _gelu_pass(y, activation: str, keep: bool):
 
 
 def _aten_forward(x2, weight, bias, activation: str, keep: bool):
-    """ATen: one addmm (the bias in cuBLASLt's epilogue on CUDA), then the GELU pass. Returns
-    (out, preact or None); no extra copy."""
+    """ATen: one addmm (the bias in cuBLASLt's epilogue on CUDA; an addend [M, N] as addmm's input),
+    then the GELU pass. Returns (out, preact or None); no extra copy."""
     y = F.linear(x2, weight, bias)
     if activation == "none":
         return y, None
     return _gelu_pass(y, activation, keep)
 
 
+def _seq_first(x: torch.Tensor) -> bool:
+    """x is [B, S, K] with unit last stride and rows that no 2-D view covers: a sequence-first
+    activation seen batch-first (``x[S, B, K].transpose(0, 1)``). ATen's linear runs bmm and then
+    the bias add as a separate pass over the output there; copying x to rows first moves [M, K]."""
+    if x.dim() != 3 or x.stride(2) != 1 or x.shape[0] < 2 or x.shape[1] < 2:
+        return False
+    return x.stride(0) != x.stride(1) * x.shape[1] and x.stride(1) >= x.shape[2] > 0
+
+
+def _batched_lt_ok(x, bias, activation: str, requested: str, keep: bool) -> bool:
+    """Whether an inference call runs cuBLASLt on B strided batches of a sequence-first x: the bias
+    (and tanh GELU) in the epilogue of one GEMM, no copy of x. Auto dispatch or backend "cuda"
+    only (backend "torch" means ATen); the saved pre-activation of a training step keeps rows."""
+    return (not keep and bias is not None and bias.dim() == 1 and requested in ("auto", "cuda") and x.is_cuda
+            and _seq_first(x) and _dispatch.compiled_has("linear_lt", "cuda"))
+
+
 def _forward(x, weight, bias, activation: str, save_preact: bool, backend: str, chosen: str | None = None):
     """``(out, preact)`` on real tensors; preact is None unless kept for the backward.
     ``backend`` is already resolved by ``_dispatch.requested``; ``chosen``, when given, is its
     ``_pick`` at this size."""
-    x2 = rows(x)
-    m, n = x2.shape[0], weight.shape[0]
-    device = x.device
-    backend = chosen or _pick(device, backend, activation, m)
+    requested = backend
     keep = save_preact and activation != "none"
+    n = weight.shape[0]
+    device = x.device
+    if _batched_lt_ok(x, bias, activation, requested, keep):
+        backend = chosen or _pick(device, requested, activation, x.shape[0] * x.shape[1])
+        if backend in ("torch", "cuda"):
+            return _batched_lt(x, weight, bias, activation), None
+    x2 = rows(x)
+    m = x2.shape[0]
+    addend = bias is not None and bias.dim() > 1
+    if addend:
+        bias = rows(bias)  # [M, N] rows of an addend of the output's shape
+    backend = chosen or _pick(device, backend, activation, m, addend)
     preact = None
     if m == 0:
         out = x2.new_empty((0, n))
     elif backend in ("triton", "cuda"):
         out = torch.empty((m, n), dtype=x.dtype, device=device)
-        bias_then_gelu = backend == "cuda" and activation != "none" and ((keep and n % 8) or x.dtype == torch.float32)
+        bias_then_gelu = backend == "cuda" and activation != "none" and (
+            (keep and n % 8) or x.dtype == torch.float32 or addend)
         if keep and not bias_then_gelu:
             preact = torch.empty((m, n), dtype=x.dtype, device=device)
         if backend == "triton":
@@ -107,6 +140,7 @@ def _forward(x, weight, bias, activation: str, save_preact: bool, backend: str, 
             # do: its aux output (the saved pre-activation) needs a 16-byte-aligned leading
             # dimension, and in fp32 its GELU is ~20x less accurate than ATen's (H200, 2026-12-03:
             # relative error 2.2e-6 vs 1.1e-7), far below bf16/fp16 output rounding but not fp32's.
+            # With an addend too: whether cuBLASLt applies its GELU after adding C is not relied on.
             ops.linear_lt(out, x2, weight, bias, 0, None)
             out, preact = _gelu_pass(out, activation, keep)
         else:
@@ -115,6 +149,21 @@ def _forward(x, weight, bias, activation: str, save_preact: bool, backend: str, 
         out, preact = _aten_forward(x2, weight, bias, activation, keep)
     _dispatch.record("linear", backend)
     return (out if x.dim() == 2 else out.view(*x.shape[:-1], n)), preact
+
+
+def _batched_lt(x, weight, bias, activation: str) -> torch.Tensor:
+    """cuBLASLt over the B batches of a sequence-first x [B, S, K] (see :func:`_seq_first`): the
+    weight and bias broadcast over the batch, out [B, S, N] contiguous. Tanh GELU in the epilogue
+    in bf16/fp16, else after it (as ``_forward`` does: exact GELU has no epilogue, fp32's is coarse)."""
+    b, s, _ = x.shape
+    n = weight.shape[0]
+    out = torch.empty((b * s, n), dtype=x.dtype, device=x.device)
+    in_epilogue = activation == "gelu_tanh" and x.dtype != torch.float32
+    ops.linear_lt(out, x, weight, bias, 1 if in_epilogue else 0, None)
+    if activation != "none" and not in_epilogue:
+        out = _gelu_pass(out, activation, False)[0]
+    _dispatch.record("linear", "cuda")
+    return out.view(b, s, n)
 
 
 @custom_op("linear_fwd_op", mutates_args=())
@@ -132,16 +181,25 @@ def _(x, weight, bias, activation, save_preact, backend):
     return x.new_empty((*x.shape[:-1], n)), x.new_empty((m, n) if keep else (0,))
 
 
+def _db_shape(has_bias: bool, addend: bool, m: int, n: int) -> tuple[int, ...]:
+    return ((m, n) if addend else (n,)) if has_bias else (0,)
+
+
 @custom_op("linear_bwd_op", mutates_args=())
 def linear_bwd_op(grad_out: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, preact: torch.Tensor,
-                  has_bias: bool, activation: str, backend: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                  has_bias: bool, addend: bool, activation: str,
+                  backend: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """dx, dW and the bias gradient: per output feature for a bias vector, or for an addend ([M, N]
+    rows of the output's shape) the gradient at the pre-activation itself."""
     g2, x2 = rows(grad_out), rows(x)
-    backend = _pick(x.device, _dispatch.requested(backend), activation, x2.shape[0])
+    m = x2.shape[0]
+    backend = _pick(x.device, _dispatch.requested(backend), activation, m, addend)
     n, k = weight.shape
-    dx = torch.empty((x2.shape[0], k), dtype=x.dtype, device=x.device)
+    reduce_db = has_bias and not addend
+    dx = torch.empty((m, k), dtype=x.dtype, device=x.device)
     dw = torch.empty((n, k), dtype=weight.dtype, device=weight.device)
-    db = torch.empty((n,) if has_bias else (0,), dtype=weight.dtype, device=weight.device)
-    if x2.shape[0] == 0:
+    db = torch.empty(_db_shape(has_bias, addend, m, n), dtype=weight.dtype, device=weight.device)
+    if m == 0:
         dw.zero_()
         db.zero_()
     elif backend == "triton":
@@ -149,29 +207,34 @@ def linear_bwd_op(grad_out: torch.Tensor, x: torch.Tensor, weight: torch.Tensor,
 
         pre = preact if activation != "none" else None
         tk.linear_bwd_input(dx, g2, weight, pre, activation)
-        db32 = torch.empty((n,), dtype=torch.float32, device=x.device) if has_bias else None
+        db32 = torch.empty((n,), dtype=torch.float32, device=x.device) if reduce_db else None
         tk.linear_bwd_weight(dw, db32, g2, x2, pre, activation)
-        if has_bias:
+        if reduce_db:
             db.copy_(db32)
+        elif addend:  # the kernels apply GELU' as they load; the addend's gradient needs it stored
+            db.copy_(g2 if pre is None else torch.ops.aten.gelu_backward(g2, pre, approximate=_GELU_APPROX[activation]))
     else:
         g = g2
         if activation != "none":
             # ATen's fused GELU backward: one pass, fp32 math inside, eager's own numerics.
             g = torch.ops.aten.gelu_backward(g2, preact, approximate=_GELU_APPROX[activation])
         torch.mm(g, weight, out=dx)
+        if addend:
+            db.copy_(g)
         if backend == "cuda":
-            ops.linear_lt_bwd_weight(dw, db if has_bias else None, g, x2)  # BGRADB epilogue
+            ops.linear_lt_bwd_weight(dw, db if reduce_db else None, g, x2)  # BGRADB epilogue
         else:
             torch.mm(g.t(), x2, out=dw)
-            if has_bias:
+            if reduce_db:
                 db.copy_(g.sum(0, dtype=torch.float32))  # fp32 accumulation, no fp32 copy of g
     return dx.view(*x.shape), dw, db
 
 
 @linear_bwd_op.register_fake
-def _(grad_out, x, weight, preact, has_bias, activation, backend):
+def _(grad_out, x, weight, preact, has_bias, addend, activation, backend):
     n = weight.shape[0]
-    return x.new_empty(x.shape), weight.new_empty(weight.shape), weight.new_empty((n,) if has_bias else (0,))
+    m = x.numel() // x.shape[-1] if x.shape[-1] else 0
+    return x.new_empty(x.shape), weight.new_empty(weight.shape), weight.new_empty(_db_shape(has_bias, addend, m, n))
 
 
 def _setup(ctx, inputs, output):
@@ -179,12 +242,15 @@ def _setup(ctx, inputs, output):
     _, preact = output
     ctx.save_for_backward(x, weight, preact)
     ctx.has_bias, ctx.activation, ctx.backend = bias is not None, activation, backend
+    ctx.bias_shape = None if bias is None else bias.shape
 
 
 def _backward(ctx, grad_out, _grad_preact):
     x, weight, preact = ctx.saved_tensors
-    dx, dw, db = linear_bwd_op(grad_out.contiguous(), x, weight, preact, ctx.has_bias, ctx.activation, ctx.backend)
-    return dx, dw, (db if ctx.has_bias else None), None, None, None
+    addend = ctx.has_bias and len(ctx.bias_shape) > 1
+    dx, dw, db = linear_bwd_op(grad_out.contiguous(), x, weight, preact, ctx.has_bias, addend, ctx.activation,
+                               ctx.backend)
+    return dx, dw, (db.view(ctx.bias_shape) if ctx.has_bias else None), None, None, None
 
 
 linear_fwd_op.register_autograd(_backward, setup_context=_setup)
@@ -194,8 +260,10 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
            activation: str | None = None, backend: str | None = None) -> torch.Tensor:
     """``act(x @ weight.T + bias)`` with the bias and activation applied in the GEMM epilogue.
 
-    x: [..., K]; weight: [N, K] (``nn.Linear`` layout); bias: [N] or None; activation: None,
-    ``"gelu"`` (exact) or ``"gelu_tanh"``. Differentiable in x, weight and bias.
+    x: [..., K]; weight: [N, K] (``nn.Linear`` layout); bias: [N], or an addend of the output's
+    shape [..., N] (a residual, say: the GEMM reads it in its epilogue, as cuBLASLt's C on CUDA), or
+    None; activation: None, ``"gelu"`` (exact) or ``"gelu_tanh"``, applied after the bias.
+    Differentiable in x, weight and bias.
     """
     activation = "none" if activation is None else activation
     if not _checks.linear_args_ok(x, weight, bias, activation):
@@ -208,9 +276,10 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     if _tracing((x, weight, bias)):
         return linear_fwd_op(x, weight, bias, activation, needs_grad, backend)[0]
     k = weight.shape[1]
-    chosen = _pick(x.device, backend, activation, x.numel() // k if k else 0)
+    addend = bias is not None and bias.dim() > 1
+    chosen = _pick(x.device, backend, activation, x.numel() // k if k else 0, addend)
     if chosen == "torch" or chosen == "cpu":
-        if x.is_contiguous() and (not needs_grad or _dispatch.CPP_AUTOGRAD):
+        if x.is_contiguous() and (not addend or x.dim() == 2) and (not needs_grad or _dispatch.CPP_AUTOGRAD):
             # ATen is the implementation: its own ops, and when training its own autograd nodes. A
             # contiguous N-D x reaches the same addmm inside F.linear, without two views here. A
             # strided x is made rows first (below), as the op path does: one addmm with the bias in
@@ -238,12 +307,13 @@ def _train_with_cpp_nodes(x, weight, bias, activation: str, chosen: str) -> torc
     (kernel_src/autograd_nodes/linear_lt_train.cpp) where the cuBLASLt path would run with the GELU
     in its epilogue. None: keep the Python node."""
     if chosen in ("torch", "cpu"):
-        out = F.linear(rows(x), weight, bias)
+        out = F.linear(rows(x), weight, rows(bias) if bias is not None and bias.dim() > 1 else bias)
         if activation != "none":
             out = F.gelu(out, approximate=_GELU_APPROX[activation])
         _dispatch.record("linear", chosen)
         return out.view(*x.shape[:-1], weight.shape[0])
     if chosen == "cuda" and x.is_contiguous() and _dispatch.compiled_has_autograd("linear_lt_train", "cuda") \
+            and (bias is None or bias.dim() == 1) \
             and (activation == "none" or (x.dtype != torch.float32 and weight.shape[0] % 8 == 0)):
         out = ops.linear_lt_train(x, weight, bias, 0 if activation == "none" else 1)
         _dispatch.record("linear", "cuda")
@@ -260,6 +330,5 @@ def _check_args(x, weight, bias, activation) -> None:
         raise ValueError(f"x has {x.shape[-1]} input features (shape {tuple(x.shape)}) but weight "
                          f"expects {weight.shape[1]} (shape {tuple(weight.shape)})")
     if bias is not None:
-        _checks.tensor("bias", bias)
-        _checks.shape("bias", bias, (weight.shape[0],), "weight.shape[0]")
+        _checks.linear_bias("bias", bias, x, weight.shape[0])
     _checks.activation(activation)

@@ -36,10 +36,22 @@ from .pdl import launch_kwargs, let_dependents_start, pdl_enabled, wait_for_prev
 
 
 @triton.jit
+def _add_bias(acc, bias_ptr, stride_bm, offs_m, offs_n, M, N, HAS_BIAS: tl.constexpr):
+    """HAS_BIAS 1: a vector [N] over every row; 2: an addend [M, N] (row stride stride_bm); 0: none."""
+    if HAS_BIAS == 1:
+        acc += tl.load(bias_ptr + offs_n, mask=offs_n < N, other=0.0).to(tl.float32)[None, :]
+    elif HAS_BIAS == 2:
+        mask = (offs_m < M)[:, None] & (offs_n < N)[None, :]
+        ptrs = bias_ptr + offs_m.to(tl.int64)[:, None] * stride_bm + offs_n[None, :]
+        acc += tl.load(ptrs, mask=mask, other=0.0).to(tl.float32)
+    return acc
+
+
+@triton.jit
 def _linear_fwd_kernel(
-    x_ptr, w_ptr, bias_ptr, out_ptr, preact_ptr,  # x [M, K], w [N, K], bias [N], out/preact [M, N]
+    x_ptr, w_ptr, bias_ptr, out_ptr, preact_ptr,  # x [M, K], w [N, K], bias [N] or [M, N], out/preact [M, N]
     M, N, K,
-    stride_xm, stride_wn, stride_om, stride_pm,
+    stride_xm, stride_wn, stride_om, stride_pm, stride_bm,
     HAS_BIAS: tl.constexpr, ACT: tl.constexpr, STORE_PREACT: tl.constexpr,
     EVEN_K: tl.constexpr, DOT_PREC: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
@@ -66,8 +78,7 @@ def _linear_fwd_kernel(
         acc = tl.dot(a, b, acc, input_precision=DOT_PREC)
         a_ptrs += BLOCK_K
         b_ptrs += BLOCK_K
-    if HAS_BIAS:
-        acc += tl.load(bias_ptr + offs_n, mask=offs_n < N, other=0.0).to(tl.float32)[None, :]
+    acc = _add_bias(acc, bias_ptr, stride_bm, offs_m, offs_n, M, N, HAS_BIAS)
     if STORE_PREACT:
         store_tile(preact_ptr, stride_pm, offs_m, offs_n, M, N, acc)
     store_tile(out_ptr, stride_om, offs_m, offs_n, M, N, gelu(acc, ACT))
@@ -84,8 +95,8 @@ def _linear_splitk_kernel(
     # FUSE_REDUCE: the epilogue runs here (operands as in _splitk_reduce_kernel), by the last program of
     # each output tile to finish; counter_ptr holds one int32 per tile, zero at launch, zero again after.
     FUSE_REDUCE: tl.constexpr = False, counter_ptr=None, bias_ptr=None, out_ptr=None, preact_ptr=None,
-    stride_om=0, stride_pm=0,
-    HAS_BIAS: tl.constexpr = False, ACT: tl.constexpr = 0, STORE_PREACT: tl.constexpr = False,
+    stride_om=0, stride_pm=0, stride_bm=0,
+    HAS_BIAS: tl.constexpr = 0, ACT: tl.constexpr = 0, STORE_PREACT: tl.constexpr = False,
 ):
     # Skinny M (decode): an [M, N] output has too few tiles to keep every SM streaming the weight,
     # so each program also takes one K slice and stores its fp32 partial sum; _splitk_reduce_kernel
@@ -122,13 +133,13 @@ def _linear_splitk_kernel(
         split = tl.num_programs(2)
         if tl.atomic_add(counter_ptr + tile, 1, sem="acq_rel") == split - 1:
             _splitk_epilogue(part_ptr, bias_ptr, out_ptr, preact_ptr, M, N, split, offs_m, offs_n,
-                             stride_om, stride_pm, HAS_BIAS, ACT, STORE_PREACT, ".cg", BLOCK_M, BLOCK_N)
+                             stride_om, stride_pm, stride_bm, HAS_BIAS, ACT, STORE_PREACT, ".cg", BLOCK_M, BLOCK_N)
             tl.atomic_xchg(counter_ptr + tile, 0)  # re-armed for the tile's next use
 
 
 @triton.jit
 def _splitk_epilogue(part_ptr, bias_ptr, out_ptr, preact_ptr, M, N, SPLIT, offs_m, offs_n,
-                     stride_om, stride_pm, HAS_BIAS: tl.constexpr, ACT: tl.constexpr,
+                     stride_om, stride_pm, stride_bm, HAS_BIAS: tl.constexpr, ACT: tl.constexpr,
                      STORE_PREACT: tl.constexpr, CACHE: tl.constexpr,
                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     """Sum of the SPLIT fp32 slices in slice order, then bias, pre-activation store and activation: the
@@ -139,8 +150,7 @@ def _splitk_epilogue(part_ptr, bias_ptr, out_ptr, preact_ptr, M, N, SPLIT, offs_
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for s in range(0, SPLIT):
         acc += tl.load(ptrs + s * M * N, mask=mask, other=0.0, cache_modifier=CACHE)
-    if HAS_BIAS:
-        acc += tl.load(bias_ptr + offs_n, mask=offs_n < N, other=0.0).to(tl.float32)[None, :]
+    acc = _add_bias(acc, bias_ptr, stride_bm, offs_m, offs_n, M, N, HAS_BIAS)
     if STORE_PREACT:
         store_tile(preact_ptr, stride_pm, offs_m, offs_n, M, N, acc)
     store_tile(out_ptr, stride_om, offs_m, offs_n, M, N, gelu(acc, ACT))
@@ -148,9 +158,9 @@ def _splitk_epilogue(part_ptr, bias_ptr, out_ptr, preact_ptr, M, N, SPLIT, offs_
 
 @triton.jit
 def _splitk_reduce_kernel(
-    part_ptr, bias_ptr, out_ptr, preact_ptr,  # part [SPLIT, M, N] fp32; bias [N]; out/preact [M, N]
+    part_ptr, bias_ptr, out_ptr, preact_ptr,  # part [SPLIT, M, N] fp32; bias [N] or [M, N]; out/preact [M, N]
     M, N, SPLIT,
-    stride_om, stride_pm,
+    stride_om, stride_pm, stride_bm,
     HAS_BIAS: tl.constexpr, ACT: tl.constexpr, STORE_PREACT: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PDL: tl.constexpr = False,
 ):
@@ -158,7 +168,7 @@ def _splitk_reduce_kernel(
     offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     _splitk_epilogue(part_ptr, bias_ptr, out_ptr, preact_ptr, M, N, SPLIT, offs_m, offs_n,
-                     stride_om, stride_pm, HAS_BIAS, ACT, STORE_PREACT, "", BLOCK_M, BLOCK_N)
+                     stride_om, stride_pm, stride_bm, HAS_BIAS, ACT, STORE_PREACT, "", BLOCK_M, BLOCK_N)
 
 
 @triton.jit
@@ -263,7 +273,8 @@ def linear_fwd(
     out: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor],
     activation: str, preact_out: Optional[torch.Tensor], tile_counters: Optional[torch.Tensor] = None,
 ) -> torch.Tensor:
-    """out[M, N] = act(x[M, K] @ weight[N, K].T + bias[N]); act in {"none", "gelu", "gelu_tanh"}.
+    """out[M, N] = act(x[M, K] @ weight[N, K].T + bias); act in {"none", "gelu", "gelu_tanh"}; bias is
+    a vector [N], an addend [M, N] (unit last stride) or None.
 
     When `preact_out` [M, N] is given (activation != "none"), also stores x @ W.T + b for the backward.
     Bias and GELU are applied on the fp32 accumulator before the single store.
@@ -284,6 +295,11 @@ def linear_fwd(
             preact_out.copy_(pre)
         out.copy_(torch.nn.functional.gelu(pre, approximate="tanh" if act == 2 else "none") if act else pre)
         return out
+    has_bias = 0 if bias is None else (2 if bias.dim() == 2 else 1)
+    if has_bias == 2 and (bias.shape != (m, n) or (n > 1 and bias.stride(1) != 1)):
+        raise ValueError(f"an addend bias must be [{m}, {n}] with unit last stride, got {tuple(bias.shape)} "
+                         f"strides {bias.stride()}")
+    stride_bm = bias.stride(0) if has_bias == 2 else 0
     cfg = get_config("linear_fwd_act" if act else "linear_fwd", x.device, x.dtype, m, n, k)
     tiles = triton.cdiv(m, cfg.BLOCK_M) * triton.cdiv(n, cfg.BLOCK_N)
     split, k_per_split = _k_slices(cfg, tiles, k, x.device)
@@ -300,8 +316,8 @@ def linear_fwd(
             TRIGGER_AT_START=_pdl.TRIGGER_AT_START,
             FUSE_REDUCE=fuse, counter_ptr=tile_counters, bias_ptr=or_dummy(bias, out), out_ptr=out,
             preact_ptr=or_dummy(preact_out, out), stride_om=out.stride(0),
-            stride_pm=preact_out.stride(0) if preact_out is not None else 0,
-            HAS_BIAS=bias is not None, ACT=act, STORE_PREACT=preact_out is not None,
+            stride_pm=preact_out.stride(0) if preact_out is not None else 0, stride_bm=stride_bm,
+            HAS_BIAS=has_bias, ACT=act, STORE_PREACT=preact_out is not None,
             num_warps=cfg.num_warps, num_stages=cfg.num_stages, **launch_kwargs(pdl),
         )
         if fuse:
@@ -309,8 +325,8 @@ def linear_fwd(
         # The reduction moves split * M * N fp32 values: a few KB at decode sizes, one fixed tile.
         _splitk_reduce_kernel[(triton.cdiv(m, 16), triton.cdiv(n, 128))](
             part, or_dummy(bias, out), out, or_dummy(preact_out, out), m, n, split,
-            out.stride(0), preact_out.stride(0) if preact_out is not None else 0,
-            HAS_BIAS=bias is not None, ACT=act, STORE_PREACT=preact_out is not None,
+            out.stride(0), preact_out.stride(0) if preact_out is not None else 0, stride_bm,
+            HAS_BIAS=has_bias, ACT=act, STORE_PREACT=preact_out is not None,
             BLOCK_M=16, BLOCK_N=128, PDL=pdl, num_warps=4, **launch_kwargs(pdl),
         )
         return out
@@ -318,8 +334,8 @@ def linear_fwd(
     _linear_fwd_kernel[grid](
         x, weight, or_dummy(bias, out), out, or_dummy(preact_out, out), m, n, k,
         x.stride(0), weight.stride(0), out.stride(0),
-        preact_out.stride(0) if preact_out is not None else 0,
-        HAS_BIAS=bias is not None, ACT=act, STORE_PREACT=preact_out is not None,
+        preact_out.stride(0) if preact_out is not None else 0, stride_bm,
+        HAS_BIAS=has_bias, ACT=act, STORE_PREACT=preact_out is not None,
         EVEN_K=k % cfg.BLOCK_K == 0, DOT_PREC=dot_precision(x.dtype),
         BLOCK_M=cfg.BLOCK_M, BLOCK_N=cfg.BLOCK_N, BLOCK_K=cfg.BLOCK_K, GROUP_M=cfg.GROUP_M, PDL=pdl,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages, **launch_kwargs(pdl),
