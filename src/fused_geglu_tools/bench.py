@@ -1,7 +1,11 @@
 """``fused-geglu bench``: the side-by-side comparison of fused-geglu with its baselines (GPU only).
 
 For each op (``geglu_mlp``, ``linear`` with bias, ``linear_gelu`` = bias + tanh GELU, ``geglu``
-pointwise) and each model shape
+pointwise, and ``linear_seqfirst`` / ``linear_seqfirst_down``: ``linear`` with bias on a sequence-first
+activation seen batch-first, ``x[S, B, K].transpose(0, 1)``, at the gate and the down projection's
+shapes, where ATen's linear runs bmm and a separate bias add; ``linear_addend``: ``linear`` whose
+bias is an [M, N] addend, e.g. a residual, which ATen's addmm copies into its output first) and each
+model shape
 (Gemma3-1B, Gemma-2B, Gemma2-9B MLPs at M = 16, 1024, 8192 tokens, and the blog shape M=8192,
 H=768, I=3072), in one process:
 
@@ -75,8 +79,12 @@ SHAPES: tuple[Shape, ...] = (
 # CPU smoke run (--smoke-cpu): exercises the whole pipeline, measures nothing worth keeping.
 SMOKE_SHAPES: tuple[Shape, ...] = (Shape("tiny", 64, 96, (16, 40)),)
 
-OPS: tuple[str, ...] = ("geglu_mlp", "linear", "linear_gelu", "geglu")  # order of work: the product first
-LINEAR_OPS = ("linear", "linear_gelu")  # linear_gelu: activation="gelu_tanh" vs F.gelu(F.linear(...))
+OPS: tuple[str, ...] = ("geglu_mlp", "linear", "linear_gelu", "geglu", "linear_seqfirst", "linear_seqfirst_down",
+                         "linear_addend")
+# (order of work: the product first). linear_gelu: activation="gelu_tanh" vs F.gelu(F.linear(...)).
+LINEAR_OPS = ("linear", "linear_gelu", "linear_seqfirst", "linear_seqfirst_down", "linear_addend")
+# x stored sequence-first [S, B, K] and passed as its [B, S, K] transpose (no 2-D view covers its rows).
+SEQ_FIRST_OPS = ("linear_seqfirst", "linear_seqfirst_down")
 # --quick: one (shape, M) per op, the first of these that the filters leave.
 QUICK_PREFERENCE: tuple[tuple[str, int], ...] = (("blog", 8192), ("gemma-2b", 1024), ("gemma3-1b", 16))
 DECODE_MAX_M = 64  # rows with M <= this also get a CUDA-graph-replay forward
@@ -108,19 +116,33 @@ class Settings:
 # --------------------------------------------------------------------------------------------
 
 
+def seq_first_dims(M: int) -> tuple[int, int]:
+    """(S, B) of a sequence-first x with M = S * B rows: 2 sequences at decode sizes, else 4."""
+    b = 2 if M < 64 else 4
+    if M % b:
+        b = 1
+    return M // b, b
+
+
+def linear_dims(op: str, H: int, I: int) -> tuple[int, int]:
+    """(K, N) of a linear op at an MLP shape: the gate projection's, or the down projection's."""
+    return (I, H) if op == "linear_seqfirst_down" else (H, I)
+
+
 def cost(op: str, mode: str, M: int, H: int, I: int, elt: int = 2) -> tuple[float, float]:
     """(flops, bytes) of one call. ``mode`` is fwd/fwd_graph (forward) or train (fwd + bwd)."""
     train = mode == "train"
     if op == "geglu":  # gate, up [M, I] -> out [M, I]; bwd reads dy, gate, up, writes dgate, dup
         flops = 0.0  # pointwise: the floor is the bytes
         nbytes = (8 if train else 3) * M * I * elt
-    elif op in LINEAR_OPS:  # x [M, H] @ w[I, H]^T + b[I] -> y [M, I]
-        K, N = H, I
+    elif op in LINEAR_OPS:  # x [M, H] @ w[I, H]^T + b[I] -> y [M, I] (the down shape: K = I, N = H)
+        K, N = linear_dims(op, H, I)
         flops = (6.0 if train else 2.0) * M * N * K
+        nb = M * N if op == "linear_addend" else N  # the bias: a vector, or an [M, N] addend
         if train:  # fwd: x, w, b, y; bwd: dy, x, w in; dx, dw, db out
-            nbytes = (3 * M * K + 3 * N * K + 2 * M * N + 2 * N) * elt
+            nbytes = (3 * M * K + 3 * N * K + 2 * M * N + 2 * nb) * elt
         else:
-            nbytes = (M * K + N * K + N + M * N) * elt
+            nbytes = (M * K + N * K + nb + M * N) * elt
     elif op == "geglu_mlp":  # x [M, H]; w_gate, w_up [I, H]; w_down [H, I] -> y [M, H]
         flops = (18.0 if train else 6.0) * M * H * I
         if train:  # x, W, dy in; y, dx, dW out (the M x I intermediate is not a must-move)
@@ -302,7 +324,13 @@ class Case:
             spec = {"gate": ((M, I), 1.0), "up": ((M, I), 1.0), "dy": ((M, I), 1.0)}
             self.leaves = ("gate", "up")
         elif op in LINEAR_OPS:
-            spec = {"x": ((M, H), 1.0), "w": ((I, H), H**-0.5), "b": ((I,), 0.5), "dy": ((M, I), 1.0)}
+            K, N = linear_dims(op, H, I)
+            if op in SEQ_FIRST_OPS:
+                S, B = seq_first_dims(M)
+                spec = {"x": ((S, B, K), 1.0), "w": ((N, K), K**-0.5), "b": ((N,), 0.5), "dy": ((B, S, N), 1.0)}
+            else:
+                b_shape = (M, N) if op == "linear_addend" else (N,)
+                spec = {"x": ((M, K), 1.0), "w": ((N, K), K**-0.5), "b": (b_shape, 0.5), "dy": ((M, N), 1.0)}
             self.leaves = ("x", "w", "b")
         elif op == "geglu_mlp":
             spec = {
@@ -378,8 +406,8 @@ class Case:
         with torch.enable_grad() if train else torch.no_grad():
             if self.op == "geglu":
                 y = F.gelu(d["gate"], approximate=a) * d["up"]
-            elif self.op == "linear":
-                y = F.linear(d["x"], d["w"], d["b"])
+            elif self.op in ("linear", "linear_addend", *SEQ_FIRST_OPS):
+                y = F.linear(linear_input(self.op, d["x"]), d["w"], d["b"])
             elif self.op == "linear_gelu":
                 y = F.gelu(F.linear(d["x"], d["w"], d["b"]), approximate="tanh")
             else:
@@ -449,6 +477,12 @@ def _share_weights(torch, module, s):
     return module
 
 
+def linear_input(op: str, x):
+    """The x a linear op is called with: the stored tensor, or for the sequence-first ops its
+    [B, S, K] transpose."""
+    return x.transpose(0, 1) if op in SEQ_FIRST_OPS else x
+
+
 def _functional(torch, op, approximate):
     """The eager computation as a function of the set's tensors (what torch.compile gets: with
     weights as inputs, rotating them causes no recompiles)."""
@@ -459,10 +493,16 @@ def _functional(torch, op, approximate):
             return F.gelu(gate, approximate=approximate) * up
 
         return fn, ("gate", "up")
-    if op == "linear":
+    if op in ("linear", "linear_addend"):
 
         def fn(x, w, b):
             return F.linear(x, w, b)
+
+        return fn, ("x", "w", "b")
+    if op in SEQ_FIRST_OPS:
+
+        def fn(x, w, b):
+            return F.linear(x.transpose(0, 1), w, b)
 
         return fn, ("x", "w", "b")
     if op == "linear_gelu":
@@ -549,7 +589,8 @@ def bind_provider(torch, name: str, case: Case, kernel, args) -> tuple[Callable[
         if op in LINEAR_OPS:
             s_ = case.sets
             act = "gelu_tanh" if op == "linear_gelu" else None
-            return (lambda i: kernel.linear(s_[i]["x"], s_[i]["w"], s_[i]["b"], activation=act, backend=backend)), info
+            return (lambda i: kernel.linear(linear_input(op, s_[i]["x"]), s_[i]["w"], s_[i]["b"], activation=act,
+                                            backend=backend)), info
         s_ = case.sets
         return (
             lambda i: kernel.geglu_mlp(s_[i]["x"], s_[i]["wg"], s_[i]["wu"], s_[i]["wd"], approximate=a, backend=backend)
@@ -776,7 +817,8 @@ class Run:
                 if case.op == "geglu":
                     kernel.geglu(s["gate"], s["up"], approximate=case.approximate)
                 elif case.op in LINEAR_OPS:
-                    kernel.linear(s["x"], s["w"], s["b"], activation="gelu_tanh" if case.op == "linear_gelu" else None)
+                    kernel.linear(linear_input(case.op, s["x"]), s["w"], s["b"],
+                                  activation="gelu_tanh" if case.op == "linear_gelu" else None)
                 else:
                     kernel.geglu_mlp(s["x"], s["wg"], s["wu"], s["wd"], approximate=case.approximate)
             ran = str(kernel.last_backend(_recorded_as(case.op)))
@@ -1092,7 +1134,7 @@ def table(payload: dict) -> str:
     )
     lines.append("time ratios ours/baseline (< 1 = ours faster); us = median microseconds; %floor = roofline floor / time")
     hdr = (
-        f"{'op':<9} {'shape':<9} {'M':>5} {'ours':<6} | {'fwd us':>7} {'/eager':>6} {'/comp':>6} {'/liger':>6} {'%flr':>4} |"
+        f"{'op':<20} {'shape':<9} {'M':>5} {'ours':<6} | {'fwd us':>7} {'/eager':>6} {'/comp':>6} {'/liger':>6} {'%flr':>4} |"
         f" {'train us':>8} {'/eager':>6} {'/comp':>6} {'/liger':>6} | {'graph us':>8} {'/eager':>6} {'/comp':>6}"
     )
     lines.append(hdr)
@@ -1111,7 +1153,7 @@ def table(payload: dict) -> str:
             if (*key, prov, "fwd_graph") in idx:
                 graph = f" {g_txt:>8} {ratio(g_mine, 'eager', key, 'fwd_graph'):>6} {ratio(g_mine, 'compile', key, 'fwd_graph'):>6}"
             lines.append(
-                f"{key[0]:<9} {key[1]:<9} {key[2]:>5} {prov[5:]:<6} | {f_txt:>7} {ratio(f_mine, 'eager', key, 'fwd'):>6}"
+                f"{key[0]:<20} {key[1]:<9} {key[2]:>5} {prov[5:]:<6} | {f_txt:>7} {ratio(f_mine, 'eager', key, 'fwd'):>6}"
                 f" {ratio(f_mine, 'compile', key, 'fwd'):>6} {ratio(f_mine, 'liger', key, 'fwd'):>6} {flr:>4} |"
                 f" {t_txt:>8} {ratio(t_mine, 'eager', key, 'train'):>6} {ratio(t_mine, 'compile', key, 'train'):>6}"
                 f" {ratio(t_mine, 'liger', key, 'train'):>6} |{graph}"
