@@ -25,7 +25,8 @@ whether a training rule should say so.
 
 ``--ab-cpp-node R`` times, in R interleaved rounds, eager and ours' step with the C++ training node
 (``_dispatch.CPP_AUTOGRAD``, kernel_src/autograd_nodes) and with the Python ``autograd.Function`` (same
-kernels): host and wall µs per step, and paired wall differences. ``--op`` (with ``--ab-cpp-node`` only)
+kernels): host and wall µs per step, and paired wall differences. Eager also runs a second time
+("eager again", its own slot per round): the A/A difference is the host's noise floor. ``--op`` (with ``--ab-cpp-node`` only)
 times another op's step instead, at the gate projection's shape: ``linear``, ``linear_gelu_tanh``,
 ``geglu``, ``geglu_packed``.
 
@@ -158,10 +159,10 @@ def _interleaved(k, providers, x, ws, dy, device, rounds: int, labels, configure
     for r in range(rounds):
         for label in (labels[::-1] if r % 2 else labels):
             configure(label)
-            f = providers["eager" if label == "eager" else "ours"]
+            f = providers["eager" if label.startswith("eager") else "ours"]
             for _ in range(5):
                 step(f)
-            if label != "eager":
+            if not label.startswith("eager"):
                 backends[label] = k.last_backend("gelu_and_mul" if op == "geglu_packed" else op.split("_gelu")[0])
             host[label].append(host_us(lambda: step(f), 30, device=device))
             _sync(device)
@@ -203,7 +204,9 @@ def _ab_cpp_node(k, providers, x, ws, dy, device, rounds: int, name: str, m: int
     """Ours' step with the C++ training node (``_dispatch.CPP_AUTOGRAD``, the default) against the same
     kernels under the Python autograd.Function, and eager; paired medians of wall time per step."""
     dispatch = importlib.import_module(k.__name__ + "._dispatch")
-    labels = ("eager", "ours C++ node", "ours Python node")
+    # "eager again" runs eager a second time in its own slot of each round: the A/A difference is
+    # the noise floor of this host, against which the other paired differences are read.
+    labels = ("eager", "ours C++ node", "ours Python node", "eager again")
 
     def configure(label):
         dispatch.CPP_AUTOGRAD = label != "ours Python node"
@@ -217,10 +220,13 @@ def _ab_cpp_node(k, providers, x, ws, dy, device, rounds: int, name: str, m: int
         "cpp_minus_eager_wall_us": statistics.median(a - b for a, b in zip(wall[labels[1]], wall["eager"])),
         "cpp_faster_than_python_rounds": sum(a < b for a, b in zip(wall[labels[1]], wall[labels[2]])),
         "cpp_faster_than_eager_rounds": sum(a < b for a, b in zip(wall[labels[1]], wall["eager"])),
+        "eager_again_minus_eager_wall_us": statistics.median(a - b for a, b in zip(wall["eager again"], wall["eager"])),
+        "eager_again_abs_diff_wall_us": sorted(abs(a - b) for a, b in zip(wall["eager again"], wall["eager"])),
     }
     print(f"{'':10s} paired wall: C++ - Python {paired['cpp_minus_python_wall_us']:+.1f} us "
           f"({paired['cpp_faster_than_python_rounds']}/{rounds} faster), C++ - eager "
-          f"{paired['cpp_minus_eager_wall_us']:+.1f} us ({paired['cpp_faster_than_eager_rounds']}/{rounds})", flush=True)
+          f"{paired['cpp_minus_eager_wall_us']:+.1f} us ({paired['cpp_faster_than_eager_rounds']}/{rounds}); A/A eager again - "
+          f"eager {paired['eager_again_minus_eager_wall_us']:+.1f} us", flush=True)
     shown = name if op == "geglu_mlp" else f"{name} {op}"
     return _report("ab_cpp_node", shown, m, rounds, labels, host, wall, backends, op=op, paired=paired)
 
