@@ -199,14 +199,15 @@ def test_packed_geglu_node_matches_the_python_node(kernel, device, monkeypatch, 
 @pytest.mark.parametrize("backend", ["auto", "torch"])
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("activation", [None, "gelu_tanh", "gelu"])
-@pytest.mark.parametrize("bias", [True, False], ids=["bias", "nobias"])
+@pytest.mark.parametrize("bias", ["vector", None, "addend"], ids=["bias", "nobias", "addend"])
 @pytest.mark.parametrize("shape", [((3, 5), 72, 136), ((37,), 45, 67)], ids=str)
 def test_linear_training_runs_on_cpp_nodes(kernel, device, monkeypatch, backend, dtype, activation, bias, shape):
     """linear in training: where ATen is the implementation (the "torch" backend, the CPU backend, and
     on CUDA the policy's addmm for no activation and exact GELU) the step is ATen's own linear (+ GELU)
     with its C++ nodes; where the cuBLASLt path runs its GELU epilogue (CUDA: tanh GELU, not fp32,
-    N % 8 == 0) the step is linear_lt_train, with the Python node's bits; elsewhere (Triton) the Python
-    node. Right against float64 in every case."""
+    N % 8 == 0), or takes an addend (a bias of the output's shape: every activation and dtype), the
+    step is linear_lt_train, with the Python node's bits; elsewhere (Triton) the Python node. Right
+    against float64 in every case."""
     monkeypatch.delenv("FUSED_GEGLU_BACKEND", raising=False)
     monkeypatch.delenv("FUSED_GEGLU_CUBLASLT", raising=False)
     _, dispatch = _modules(kernel)
@@ -214,7 +215,7 @@ def test_linear_training_runs_on_cpp_nodes(kernel, device, monkeypatch, backend,
     lead, k, n = shape
     x = randn(*lead, k, dtype=dtype, device=device)
     w = randn(n, k, dtype=dtype, device=device, scale=k**-0.5)
-    b = randn(n, dtype=dtype, device=device, scale=0.5) if bias else None
+    b = randn(*{"vector": (n,), "addend": (*lead, n)}[bias], dtype=dtype, device=device, scale=0.5) if bias else None
     base = [t for t in (x, w, b) if t is not None]
     approx = {"gelu_tanh": "tanh", "gelu": "none"}.get(activation)
 
@@ -225,8 +226,8 @@ def test_linear_training_runs_on_cpp_nodes(kernel, device, monkeypatch, backend,
     def call(*ts):
         return kernel.linear(*ts, activation=activation, backend=backend)
 
-    lt = (device == "cuda" and backend is None and activation == "gelu_tanh" and dtype != torch.float32
-          and n % 8 == 0 and dispatch.compiled_has_autograd("linear_lt_train", "cuda"))
+    lt = (device == "cuda" and backend is None and dispatch.compiled_has_autograd("linear_lt_train", "cuda")
+          and (bias == "addend" or (activation == "gelu_tanh" and dtype != torch.float32 and n % 8 == 0)))
     if lt:
         outs, grad = _both_nodes(kernel, monkeypatch, lambda: [t.clone().requires_grad_() for t in base], call,
                                  "LinearLtTrain")

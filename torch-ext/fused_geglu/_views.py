@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 
@@ -17,10 +19,10 @@ def rows(t: torch.Tensor) -> torch.Tensor:
         return t  # already rows (the common 2-D case, kept cheap: it runs on every call)
     if t.stride(-1) != 1 and n > 1:
         t = t.contiguous()
-    try:
-        return t.view(-1, n)
-    except RuntimeError:
-        return t.reshape(-1, n).contiguous()
+    # reshape is a view where the leading dims collapse and a contiguous copy where they do not. (A
+    # view attempt caught on failure cost 15 µs per call on the development CPU, most of it building
+    # the exception, about 45 µs on the H200's host: what a sequence-first x paid twice per step.)
+    return t.reshape(t.numel() // n if n else math.prod(t.shape[:-1]), n)
 
 
 def rows_pair(a: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

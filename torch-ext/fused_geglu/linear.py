@@ -303,22 +303,29 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
 def _train_with_cpp_nodes(x, weight, bias, activation: str, chosen: str) -> torch.Tensor | None:
     """An eager training step whose autograd nodes are C++, where the Python node would run the same
     kernels: ATen's own ``linear`` (+ GELU) where ATen is the chosen implementation (a strided N-D
-    x, which the Python node would copy to rows first), or ``linear_lt_train``
-    (kernel_src/autograd_nodes/linear_lt_train.cpp) where the cuBLASLt path would run with the GELU
-    in its epilogue. None: keep the Python node."""
+    x, which the Python node would copy to rows first, or an addend with an N-D x), or
+    ``linear_lt_train`` (kernel_src/autograd_nodes/linear_lt_train.cpp) where the cuBLASLt path
+    would run with the GELU in its epilogue, or with an addend. None: keep the Python node."""
     if chosen in ("torch", "cpu"):
         out = F.linear(rows(x), weight, rows(bias) if bias is not None and bias.dim() > 1 else bias)
         if activation != "none":
             out = F.gelu(out, approximate=_GELU_APPROX[activation])
         _dispatch.record("linear", chosen)
         return out.view(*x.shape[:-1], weight.shape[0])
-    if chosen == "cuda" and x.is_contiguous() and _dispatch.compiled_has_autograd("linear_lt_train", "cuda") \
-            and (bias is None or bias.dim() == 1) \
-            and (activation == "none" or (x.dtype != torch.float32 and weight.shape[0] % 8 == 0)):
+    if chosen != "cuda" or not x.is_contiguous() or not _dispatch.compiled_has_autograd("linear_lt_train", "cuda"):
+        return None
+    if bias is not None and bias.dim() > 1:
+        # An addend: cuBLASLt's C operand, then the GELU (either flavour) as ATen's pass on the output,
+        # what _forward's cuBLASLt path does with one.
+        if not bias.is_contiguous():
+            return None
+        out = ops.linear_lt_train(x, weight, bias, {"none": 0, "gelu_tanh": 1, "gelu": 2}[activation])
+    elif activation == "none" or (x.dtype != torch.float32 and weight.shape[0] % 8 == 0):
         out = ops.linear_lt_train(x, weight, bias, 0 if activation == "none" else 1)
-        _dispatch.record("linear", "cuda")
-        return out
-    return None
+    else:
+        return None
+    _dispatch.record("linear", "cuda")
+    return out
 
 
 def _check_args(x, weight, bias, activation) -> None:
