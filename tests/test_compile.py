@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+import textwrap
+
 import pytest
 import torch
 from _numerics import randn
@@ -41,6 +46,62 @@ def test_fullgraph_dynamic_no_recompile(kernel, device):
         x = randn(m, h, device=device)
         torch.testing.assert_close(fn(x, wg, wu, wd, b), eager(x, wg, wu, wd, b), rtol=1e-5, atol=1e-5)
     assert counter.graphs == 1, f"recompiled: {counter.graphs} graphs for 3 token counts"
+
+
+def test_linear_sequence_first_and_addend_compile_without_breaks(kernel, device):
+    """``linear`` on a sequence-first x (a [S, B, K] tensor seen as [B, S, K]) and with an addend of the
+    output's shape: one graph for three sequence lengths, the eager function's values and gradients."""
+    torch._dynamo.reset()
+    counter = _CountingBackend()
+    k, n, n2, bsz = 24, 40, 16, 3
+    w = randn(n, k, device=device, scale=k**-0.5, requires_grad=True)
+    b = randn(n, device=device, requires_grad=True)
+    w2 = randn(n2, n, device=device, scale=n**-0.5, requires_grad=True)
+
+    def fn(xs, r):
+        y = kernel.linear(xs.transpose(0, 1), w, b)
+        return kernel.linear(y, w2, r, activation="gelu_tanh")
+
+    compiled = torch.compile(fn, backend=counter, fullgraph=True, dynamic=True)
+    for s in (5, 9, 17):
+        xs = randn(s, bsz, k, device=device)
+        r = randn(bsz, s, n2, device=device, requires_grad=True)
+        got = compiled(xs, r)
+        want = fn(xs, r)
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+        g = randn(*got.shape, device=device)
+        for a, e in zip(torch.autograd.grad(got, (w, b, w2, r), g), torch.autograd.grad(want, (w, b, w2, r), g)):
+            torch.testing.assert_close(a, e, rtol=1e-5, atol=1e-5)
+    assert counter.graphs == 1, f"recompiled: {counter.graphs} graphs for 3 sequence lengths"
+
+
+def test_no_recompile_when_a_compiled_function_is_the_first_caller(hub_cache, device):
+    """In a fresh process whose first call into the kernel is a compiled function, three token counts
+    still give one graph. (The environment reads of the dispatch are traced by dynamo; until c8a298a
+    they filled a cache on first use, which failed the first trace's guards: one recompile that the
+    in-suite test above never saw, because earlier tests had filled the cache.)"""
+    code = textwrap.dedent(f"""
+        import torch, kernels
+        k = kernels.get_kernel("org/fused-geglu", version=1, trust_remote_code=True)
+        graphs = []
+        def backend(gm, example_inputs):
+            graphs.append(gm)
+            return gm.forward
+        def fn(x, w, wg, wu, wd):
+            return k.linear(k.geglu_mlp(x, wg, wu, wd), w, None, activation="gelu_tanh")
+        c = torch.compile(fn, backend=backend, fullgraph=True, dynamic=True)
+        h, i = 16, 32
+        d = "{device}"
+        w, wg, wu, wd = torch.randn(h, h, device=d), torch.randn(i, h, device=d), torch.randn(i, h, device=d), torch.randn(h, i, device=d)
+        for m in (5, 9, 17):
+            c(torch.randn(m, h, device=d), w, wg, wu, wd)
+        print("graphs", len(graphs))
+    """)
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_HUB_CACHE": str(hub_cache)}
+    env.pop("FUSED_GEGLU_BACKEND", None)
+    run = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert run.stdout.split()[-2:] == ["graphs", "1"], run.stdout[-500:] + run.stderr[-2000:]
 
 
 def test_training_step_compiles_with_inductor(kernel, device):

@@ -104,17 +104,20 @@ _REQUESTABLE = frozenset((*BACKENDS, "auto"))
 # os.environ's own store, keyed by encoded names: os.environ.get encodes the name and decodes the
 # value on every read (0.6 µs here), and every public call reads one or two variables. Writes through
 # os.environ (monkeypatch.setenv included) update this same dict, so a read here is never stale.
-_ENV_STORE = getattr(os.environ, "_data", None)
-_ENV_KEYS: dict[str, object] = {}
+# The names the per-call paths read are encoded once, here. env() never writes to this dict: dynamo
+# traces it inside a compiled caller, and a dict that grew after the first trace failed that trace's
+# guard, one recompile of every compiled function that was the process's first reader (found at
+# c8a298a by test_fullgraph_dynamic_no_recompile run on its own).
+_ENV_STORE = getattr(os.environ, "_data", None) if os.name == "posix" else None
+_ENV_KEYS: dict[str, object] = (
+    {} if _ENV_STORE is None else {name: os.environ.encodekey(name) for name in (ENV_VAR, "FUSED_GEGLU_CUBLASLT")})
 
 
 def env(name: str) -> str | None:
     """``os.environ.get(name)``, read on every call (a variable set at run time takes effect)."""
-    if _ENV_STORE is None or os.name != "posix":
-        return os.environ.get(name)
     key = _ENV_KEYS.get(name)
-    if key is None:
-        key = _ENV_KEYS[name] = os.environ.encodekey(name)
+    if key is None:  # another name, or not posix: the plain read
+        return os.environ.get(name)
     value = _ENV_STORE.get(key)
     return None if value is None else os.environ.decodevalue(value)
 
