@@ -96,7 +96,7 @@ def _seq_first(x: torch.Tensor) -> bool:
     return x.stride(0) != x.stride(1) * x.shape[1] and x.stride(1) >= x.shape[2] > 0
 
 
-def _batched_lt_ok(x, bias, activation: str, requested: str, keep: bool) -> bool:
+def _batched_lt_ok(x, bias, requested: str, keep: bool) -> bool:
     """Whether an inference call runs cuBLASLt on B strided batches of a sequence-first x: the bias
     (and tanh GELU) in the epilogue of one GEMM, no copy of x. Auto dispatch or backend "cuda"
     only (backend "torch" means ATen); the saved pre-activation of a training step keeps rows."""
@@ -112,7 +112,7 @@ def _forward(x, weight, bias, activation: str, save_preact: bool, backend: str, 
     keep = save_preact and activation != "none"
     n = weight.shape[0]
     device = x.device
-    if _batched_lt_ok(x, bias, activation, requested, keep):
+    if _batched_lt_ok(x, bias, requested, keep):
         backend = chosen or _pick(device, requested, activation, x.shape[0] * x.shape[1])
         if backend in ("torch", "cuda"):
             return _batched_lt(x, weight, bias, activation), None
