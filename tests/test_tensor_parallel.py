@@ -23,6 +23,15 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+def _exit_now() -> None:
+    """A worker that passed has written its verdict: leave without the interpreter's teardown. In one
+    CI run (2026-12-04, 2 cores, full suite) rank 0 of a passing-in-isolation test died at exit with
+    "terminate called without an active exception" (SIGABRT): a C++ thread of torch's CPU process
+    group or pools destroyed while joinable, after this file's checks. A failing worker still raises
+    (the exception skips this call), so mp.spawn reports it."""
+    os._exit(0)
+
+
 def _worker(rank: int, world: int, port: int, bias: bool, result_dir: str) -> None:
     sys.path.insert(0, str(HERE))
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
@@ -73,6 +82,7 @@ def _worker(rank: int, world: int, port: int, bias: bool, result_dir: str) -> No
         Path(result_dir, f"rank{rank}").write_text(f"ok {ran}")
     finally:
         dist.destroy_process_group()
+    _exit_now()
 
 
 @pytest.mark.parametrize("bias", [False, True], ids=["nobias", "bias"])
@@ -125,6 +135,7 @@ def _hf_worker(rank: int, world: int, port: int, model_dir: str, result_dir: str
         Path(result_dir, f"rank{rank}").write_text("ok")
     finally:
         dist.destroy_process_group()
+    _exit_now()
 
 
 def test_transformers_tp_plan_kernelized_gemma_matches_single_process(kernel, tmp_path):
