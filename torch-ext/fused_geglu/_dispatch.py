@@ -139,6 +139,19 @@ def check_available(op: str, device: torch.device, backend: str, needs_compiled:
     )
 
 
+PICKS_MAX = 65536  # sizes vary with the token count: a pick table is cleared when it grows past this
+
+
+def remember(table: dict, key: tuple, choice: str) -> str:
+    """Store a backend pick in an op's table of remembered picks (``geglu._picks``, ``linear._picks``):
+    the answer depends only on the key, since the policy files and the variant's ops are fixed once
+    loaded. The table stays bounded."""
+    if len(table) > PICKS_MAX:
+        table.clear()
+    table[key] = choice
+    return choice
+
+
 def record(op: str, backend: str) -> None:
     _last[op] = backend
 

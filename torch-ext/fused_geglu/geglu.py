@@ -35,12 +35,7 @@ def _pick(device: torch.device, backend: str | None, direction: str = "fwd", num
         backend = _dispatch.requested(None)
     key = (device, backend, direction, numel, dense)
     choice = _picks.get(key)
-    if choice is None:
-        choice = _pick_uncached(device, backend, direction, numel, dense)
-        if len(_picks) > 65536:  # sizes vary with the token count: keep the table bounded
-            _picks.clear()
-        _picks[key] = choice
-    return choice
+    return choice if choice is not None else _dispatch.remember(_picks, key, _pick_uncached(device, backend, direction, numel, dense))
 
 
 def _pick_uncached(device: torch.device, backend: str, direction: str, numel: int, dense: bool) -> str:

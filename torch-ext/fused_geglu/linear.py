@@ -32,12 +32,7 @@ def _pick(device: torch.device, backend: str, activation: str, m: int, addend: b
         return "cuda"  # cuBLASLt has only a tanh-GELU epilogue: exact GELU never goes there
     key = (device, backend, activation, m, addend)
     choice = _picks.get(key)
-    if choice is None:
-        choice = _pick_uncached(device, backend, activation, m, addend)
-        if len(_picks) > 65536:  # M varies with the token count: keep the table bounded
-            _picks.clear()
-        _picks[key] = choice
-    return choice
+    return choice if choice is not None else _dispatch.remember(_picks, key, _pick_uncached(device, backend, activation, m, addend))
 
 
 def _pick_uncached(device: torch.device, backend: str, activation: str, m: int, addend: bool) -> str:
