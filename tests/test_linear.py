@@ -200,6 +200,142 @@ def test_linear_bad_input(kernel, device):
         kernel.linear(x, w, activation="relu")
 
 
+def _fresh_tables(kernel, monkeypatch, short_path: str | None):
+    """Empty pick tables in the linear module; ``short_path`` seeds its table of devices whose
+    plain calls are F.linear (None: leave it empty, to be learned)."""
+    mod = _linear_module(kernel)
+    monkeypatch.setattr(mod, "_picks", {})
+    monkeypatch.setattr(mod, "_ATEN_PLAIN", {})
+    if short_path is not None:
+        mod._ATEN_PLAIN[torch.device(kernel_device(short_path))] = "torch"
+    return mod
+
+
+def kernel_device(device: str) -> str:
+    return "cuda:0" if device == "cuda" else "cpu"
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("shape", [((5, 7), 3), ((2, 9, 13), 11), ((33, 45), 29)], ids=str)
+def test_linear_short_path_is_f_linear(kernel, device, monkeypatch, dtype, shape):
+    """Where ATen is the implementation of a plain call (no activation, a [N] bias or none), the
+    public function is F.linear on the caller's tensors: the same bits, forward and gradients, and
+    ATen's own autograd node."""
+    _fresh_tables(kernel, monkeypatch, device)
+    x_shape, n = shape
+    x = randn(*x_shape, dtype=dtype, device=device, requires_grad=True)
+    w = randn(n, x_shape[-1], dtype=dtype, device=device, scale=x_shape[-1] ** -0.5, requires_grad=True)
+    b = randn(n, dtype=dtype, device=device, requires_grad=True)
+    y = kernel.linear(x, w, b)
+    assert kernel.last_backend("linear") == "torch"
+    assert y.grad_fn.name().endswith("Backward0"), y.grad_fn.name()
+    x2, w2, b2 = (t.detach().clone().requires_grad_() for t in (x, w, b))
+    y2 = F.linear(x2, w2, b2)
+    assert torch.equal(y, y2)
+    g = randn(*y.shape, dtype=dtype, device=device)
+    y.backward(g)
+    y2.backward(g)
+    for got, want in ((x.grad, x2.grad), (w.grad, w2.grad), (b.grad, b2.grad)):
+        assert torch.equal(got, want)
+    with torch.no_grad():
+        assert torch.equal(kernel.linear(x, w), F.linear(x, w))
+    assert_close(y.detach().float(), kernel.reference.linear_ref(x.detach(), w.detach(), b.detach()).float(),
+                 y2.detach().float(), "short path")
+
+
+def test_linear_short_path_refuses_what_linear_refuses(kernel, device, monkeypatch):
+    """The short path checks only what F.linear does not and rewords F.linear's own errors, so every
+    bad input still gets the named error (and nothing F.linear would accept, such as integer
+    tensors, a 1-D weight or a broadcasting bias, slips through)."""
+    _fresh_tables(kernel, monkeypatch, device)
+    x, w = randn(4, 6, device=device), randn(5, 6, device=device)
+    kernel.linear(x, w)
+    assert kernel.last_backend("linear") == "torch"
+    with pytest.raises(ValueError, match="x has 6 input features"):
+        kernel.linear(x, randn(5, 7, device=device))
+    with pytest.raises(ValueError, match=r"bias must have shape .* got \(1,\)"):
+        kernel.linear(x, w, randn(1, device=device))
+    with pytest.raises(ValueError, match=r"bias must have shape .* got \(1, 5\)"):
+        kernel.linear(x, w, randn(1, 5, device=device))
+    with pytest.raises(ValueError, match="weight must be 2-D"):
+        kernel.linear(x, randn(6, device=device))
+    with pytest.raises(TypeError, match="weight has dtype torch.bfloat16"):
+        kernel.linear(x, w.bfloat16())
+    with pytest.raises(TypeError, match="bias has dtype torch.float16"):
+        kernel.linear(x, w, randn(5, device=device).half())
+    with pytest.raises(TypeError, match="x must be float32, float16 or bfloat16, got torch.int64"):
+        kernel.linear(x.long(), w.long())
+    with pytest.raises(TypeError, match="x must be float32, float16 or bfloat16, got torch.float64"):
+        kernel.linear(x.double(), w.double())
+    with pytest.raises(ValueError, match="x must have at least 1 dimension"):
+        kernel.linear(x[0, 0], w)
+    if device == "cuda":
+        with pytest.raises(ValueError, match="weight is on cpu but x is on cuda"):
+            kernel.linear(x, w.cpu())
+
+
+def test_linear_short_path_yields_to_overrides(kernel, device, monkeypatch, backends):
+    """The short path runs only while nothing overrides the policy: a backend named in the call or
+    in $FUSED_GEGLU_BACKEND, $FUSED_GEGLU_CUBLASLT set, an activation, an addend, a strided x, or
+    the Python autograd node asked for ($FUSED_GEGLU_CPP_AUTOGRAD=0) in a training step."""
+    mod = _fresh_tables(kernel, monkeypatch, device)
+    dispatch = importlib.import_module(f"{kernel.__name__}._dispatch")
+    other = next(b for b in backends if b != "torch")  # triton (interpreted on CPU) or cuda
+    x, w, b = randn(6, 16, device=device), randn(8, 16, device=device, scale=0.25), randn(8, device=device)
+    kernel.linear(x, w, b)
+    assert kernel.last_backend("linear") == "torch"
+    kernel.linear(x, w, b, backend=other)
+    assert kernel.last_backend("linear") == other
+    monkeypatch.setenv("FUSED_GEGLU_BACKEND", other)
+    kernel.linear(x, w, b)
+    assert kernel.last_backend("linear") == other
+    monkeypatch.delenv("FUSED_GEGLU_BACKEND")
+    monkeypatch.setenv("FUSED_GEGLU_CUBLASLT", "0")
+    mod._ATEN_PLAIN[torch.device(kernel_device(device))] = "marker"  # not a backend: shows which path ran
+    kernel.linear(x, w, b)
+    assert kernel.last_backend("linear") != "marker"
+    monkeypatch.delenv("FUSED_GEGLU_CUBLASLT")
+    kernel.linear(x, w, b)
+    assert kernel.last_backend("linear") == "marker"
+    for call in (lambda: kernel.linear(x, w, b, activation="gelu_tanh"),
+                 lambda: kernel.linear(x, w, randn(6, 8, device=device)),
+                 lambda: kernel.linear(randn(16, 6, device=device).t(), w, b)):
+        call()
+        assert kernel.last_backend("linear") != "marker"
+    monkeypatch.setattr(dispatch, "CPP_AUTOGRAD", False)
+    y = kernel.linear(x.clone().requires_grad_(), w, b)
+    assert kernel.last_backend("linear") != "marker" and type(y.grad_fn).__name__ == "_FunctionBackward"
+    with torch.no_grad():
+        kernel.linear(x, w, b)
+    assert kernel.last_backend("linear") == "marker"
+
+
+def test_linear_short_path_is_learned_where_auto_picks_aten(kernel, device, monkeypatch):
+    """A device enters the short path's table after a plain auto call that chose ATen, and only
+    then: not while an override is set, nor where auto chose another backend."""
+    mod = _fresh_tables(kernel, monkeypatch, None)
+    dev = torch.device(kernel_device(device))
+    x, w, b = randn(6, 16, device=device), randn(8, 16, device=device, scale=0.25), randn(8, device=device)
+    monkeypatch.setenv("FUSED_GEGLU_CUBLASLT", "0")
+    kernel.linear(x, w, b)
+    assert dev not in mod._ATEN_PLAIN  # an override was set
+    monkeypatch.delenv("FUSED_GEGLU_CUBLASLT")
+    kernel.linear(x, w, b, activation="gelu_tanh")
+    assert dev not in mod._ATEN_PLAIN  # not a plain call
+    kernel.linear(x, w, b)
+    ran = kernel.last_backend("linear")
+    assert mod._ATEN_PLAIN.get(dev) == (ran if ran in ("torch", "cpu") else None)
+    if device == "cpu":
+        # Under TRITON_INTERPRET auto picks the interpreted Triton kernel on CPU; where the compiled
+        # CPU backend is auto's first choice, the device is learned as "cpu".
+        monkeypatch.setattr(mod, "_picks", {})
+        monkeypatch.setattr(mod._dispatch, "_available", lambda device_type: ("cpu", "torch"))
+        kernel.linear(x, w, b)
+        assert kernel.last_backend("linear") == "cpu" and mod._ATEN_PLAIN.get(dev) == "cpu"
+        kernel.linear(x, w, b)
+        assert kernel.last_backend("linear") == "cpu"
+
+
 def test_rows_is_a_view_where_the_strides_allow_and_one_copy_where_not(kernel, device):
     """``_views.rows`` (every op's N-D -> 2-D step): a view where the leading dims collapse (the
     contiguous case, a slice of the last dim), one contiguous copy where they do not (a

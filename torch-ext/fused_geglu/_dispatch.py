@@ -112,6 +112,8 @@ _ENV_STORE = getattr(os.environ, "_data", None) if os.name == "posix" else None
 _ENV_KEYS: dict[str, object] = (
     {} if _ENV_STORE is None else {name: os.environ.encodekey(name) for name in (ENV_VAR, "FUSED_GEGLU_CUBLASLT")})
 
+_OVERRIDE_KEYS = tuple(_ENV_KEYS.values())
+
 
 def env(name: str) -> str | None:
     """``os.environ.get(name)``, read on every call (a variable set at run time takes effect)."""
@@ -120,6 +122,15 @@ def env(name: str) -> str | None:
         return os.environ.get(name)
     value = _ENV_STORE.get(key)
     return None if value is None else os.environ.decodevalue(value)
+
+
+def overridden() -> bool:
+    """Whether a variable that can change a backend choice is set, whatever its value
+    (``$FUSED_GEGLU_BACKEND``, ``$FUSED_GEGLU_CUBLASLT``): the short paths that skip the pick run only
+    while neither is."""
+    if _ENV_STORE is None:
+        return ENV_VAR in os.environ or "FUSED_GEGLU_CUBLASLT" in os.environ
+    return _OVERRIDE_KEYS[0] in _ENV_STORE or _OVERRIDE_KEYS[1] in _ENV_STORE
 
 
 def requested(backend: str | None) -> str:

@@ -67,6 +67,15 @@ def backend_for(op: str, device: torch.device, fallback: str, **sizes: int) -> s
     return choice
 
 
+def size_free(op: str, device: torch.device) -> bool:
+    """Whether ``backend_for(op, device, ...)`` gives one answer at every size: off CUDA (the
+    fallback), or no rule of ``op`` for this GPU bounds a size."""
+    if device.type != "cuda":
+        return True
+    rules = _rules(device_capability(device)).get(op, ())
+    return not any(key.startswith(("min_", "max_")) for rule in rules for key in rule)
+
+
 def capturing(device: torch.device) -> int:
     """1 while the current CUDA stream is being captured into a graph, else 0. A caller that asks
     several rules during one call asks this once and passes it on (it is a driver query)."""
