@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import importlib
 from types import MethodType
 
 import pytest
@@ -57,13 +59,30 @@ class _SpyHost(_HostMLP):
     calls = 0
 
     def forward(self, x):
-        type(self).calls += 1
+        _SpyHost.calls += 1  # subclasses count here too
         return super().forward(x)
 
 
-@pytest.mark.parametrize("case", ["silu", "sparsity", "dropout-training", "hooked-down-proj"])
+class _SparsityProperty(_SpyHost):
+    @property
+    def activation_sparsity(self):  # a class-level name: the layer must see it as getattr does
+        return 0.95
+
+
+class _SparsityBuffer(_SpyHost):
+    def __init__(self, *args):
+        super().__init__(*args)
+        self.register_buffer("activation_sparsity", torch.tensor(0.95))
+
+
+_DEFER_CASES = ["silu", "sparsity", "sparsity-property", "sparsity-buffer", "dropout-training", "hooked-down-proj",
+                "backward-hooked-up-proj", "bias-outside-parameters", "gate-proj-subclass", "autocast"]
+
+
+@pytest.mark.parametrize("case", _DEFER_CASES)
 def test_geglu_mlp_layer_defers_to_the_host_where_it_cannot_fuse(kernel, device, case):
-    host = _SpyHost(16, 32, nn.SiLU() if case == "silu" else nn.GELU(approximate="tanh")).to(device)
+    cls = {"sparsity-property": _SparsityProperty, "sparsity-buffer": _SparsityBuffer}.get(case, _SpyHost)
+    host = cls(16, 32, nn.SiLU() if case == "silu" else nn.GELU(approximate="tanh"), True).to(device)
     if case == "sparsity":
         host.activation_sparsity = 0.95  # Gemma3n: the host applies a top-k to gate first
     if case == "dropout-training":
@@ -71,9 +90,79 @@ def test_geglu_mlp_layer_defers_to_the_host_where_it_cannot_fuse(kernel, device,
         host.train()
     if case == "hooked-down-proj":  # e.g. a tensor-parallel all-reduce after a row-wise down_proj
         host.down_proj.register_forward_hook(lambda mod, args, out: out * 2)
+    if case == "backward-hooked-up-proj":  # the fused op would never fire it
+        host.up_proj.register_full_backward_hook(lambda mod, gin, gout: None)
+    if case == "bias-outside-parameters":  # a plain tensor attribute now: the layer must not drop it
+        bias = host.up_proj.bias.detach() + 1
+        del host.up_proj.bias
+        host.up_proj.bias = bias
+    if case == "gate-proj-subclass":
+        lin = type("Scaled", (nn.Linear,), {"forward": lambda self, t: 2 * nn.Linear.forward(self, t)})(16, 32)
+        host.gate_proj = lin.to(device)
+    autocast = torch.autocast(device, dtype=torch.bfloat16) if case == "autocast" else contextlib.nullcontext()
     x = randn(4, 16, device=device)
-    expected = _HostMLP.forward(host, x)
-    _SpyHost.calls = 0
-    got = MethodType(kernel.layers.GeGLUMLP.forward, host)(x)
+    with autocast:
+        expected = _HostMLP.forward(host, x)
+        _SpyHost.calls = 0
+        got = MethodType(kernel.layers.GeGLUMLP.forward, host)(x)
     assert _SpyHost.calls == 1, "the layer must run the host's own forward here"
     torch.testing.assert_close(got, expected, rtol=0, atol=0)
+
+
+def test_host_attr_is_getattr_without_the_exception(kernel):
+    """The layers read host attributes through ``_host_attr`` (no exception for a missing name):
+    it must give what ``getattr(module, name, default)`` gives for every place a name can live."""
+    layers = importlib.import_module(f"{kernel.__name__}.layers")
+
+    class Host(nn.Module):
+        class_level = 3
+
+        def __init__(self):
+            super().__init__()
+            self.plain = 1.5
+            self.sub = nn.ReLU()
+            self.param = nn.Parameter(torch.ones(2))
+            self.register_buffer("buf", torch.zeros(3))
+
+        @property
+        def prop(self):
+            return "property"
+
+    host = Host()
+    host.class_level = 4  # the instance's value shadows the class's, as getattr sees it
+    for name in ("plain", "sub", "param", "buf", "class_level", "prop", "missing", "training"):
+        want = getattr(host, name, "default")
+        got = layers._host_attr(host, name, "default")
+        assert got is want, name
+
+
+@pytest.mark.parametrize("case", ["plain", "no-bias", "autocast", "dtype-mismatch", "forward-hook"])
+def test_linear_bias_layer_matches_its_host(kernel, device, case):
+    """``LinearBias`` on an ``nn.Linear`` host gives what the host gives: the kernel's linear where it
+    computes the same function, the host's F.linear under autocast or on another dtype (where
+    F.linear itself casts or refuses), and the host's own forward hooks either way."""
+    host = nn.Linear(24, 40, bias=case != "no-bias").to(device)
+    x = randn(3, 5, 24, device=device, dtype=torch.float16 if case == "dtype-mismatch" else torch.float32)
+    if case == "forward-hook":
+        host.register_forward_hook(lambda mod, args, out: out * 2)
+    autocast = torch.autocast(device, dtype=torch.bfloat16) if case == "autocast" else contextlib.nullcontext()
+    with autocast:
+        if case == "dtype-mismatch":
+            with pytest.raises(RuntimeError):
+                host(x)
+        else:
+            expected = host(x)
+        host.forward = MethodType(kernel.layers.LinearBias.forward, host)  # what kernelize does
+        importlib.import_module(f"{kernel.__name__}._dispatch")._last.pop("linear", None)
+        if case == "dtype-mismatch":
+            with pytest.raises(RuntimeError):  # F.linear's own refusal, as the host's
+                host(x)
+            return
+        got = host(x)
+    assert got.dtype == expected.dtype
+    assert (kernel.last_backend("linear") is None) == (case == "autocast"), "which path ran"
+    if case == "autocast":  # the host's F.linear under autocast: the same call
+        torch.testing.assert_close(got, expected, rtol=0, atol=0)
+        return
+    ref = kernel.reference.linear_ref(x, host.weight.detach(), None if host.bias is None else host.bias.detach())
+    assert_close(got, ref * (2 if case == "forward-hook" else 1), expected, case)
