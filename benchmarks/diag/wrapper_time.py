@@ -14,17 +14,23 @@ On CPU (``--device cpu``) the sizes are H = 64, I = 128 in fp32, where a call is
 
 Ops: ``linear`` (``F.linear(x, w, b)``), ``linear_gelu_tanh`` (``F.gelu(F.linear(...), "tanh")``),
 ``geglu`` (``F.gelu(gate, "tanh") * up``), ``geglu_packed`` and ``gelu_and_mul`` (the same on halves of
-a packed [M, 2I] x, into a given out for the latter).
+a packed [M, 2I] x, into a given out for the latter), ``geglu_mlp`` (the op against the three
+``F.linear`` calls and the GELU product). What a kernelized model pays per call, the host module's
+``__call__`` included on both sides: ``layer_mlp`` (a Gemma-style MLP module whose forward is
+``layers.GeGLUMLP``'s, as kernelize leaves it, against the module itself) and ``layer_linear``
+(``nn.Linear`` with ``layers.LinearBias``'s forward against ``nn.Linear``).
 """
 
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import os
 import statistics
 import sys
 import time
+import types
 
 import torch
 import torch.nn.functional as F
@@ -32,7 +38,34 @@ import torch.nn.functional as F
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _diag import SHAPES, environment, host_us, load_kernel  # noqa: E402
 
-OPS = ("linear", "linear_gelu_tanh", "geglu", "geglu_packed", "gelu_and_mul")
+OPS = ("linear", "linear_gelu_tanh", "geglu", "geglu_packed", "gelu_and_mul", "geglu_mlp", "layer_mlp", "layer_linear")
+_RECORDED_AS = {"geglu_packed": "gelu_and_mul", "gelu_and_mul": "gelu_and_mul", "linear_gelu_tanh": "linear",
+                "layer_mlp": "geglu_mlp", "layer_linear": "linear"}
+
+
+class _GemmaStyleMLP(torch.nn.Module):
+    """The host module kernelize patches: ``down(gelu_tanh(gate(x)) * up(x))``, no biases."""
+
+    def __init__(self, h: int, i: int):
+        super().__init__()
+        self.gate_proj = torch.nn.Linear(h, i, bias=False)
+        self.up_proj = torch.nn.Linear(h, i, bias=False)
+        self.down_proj = torch.nn.Linear(i, h, bias=False)
+        self.act_fn = torch.nn.GELU(approximate="tanh")
+
+    def forward(self, x):
+        return self.down_proj(self.act_fn(self.gate_proj(x)) * self.up_proj(x))
+
+
+def _layer_calls(k, op: str, m: int, h: int, i: int, device: torch.device, dtype: torch.dtype):
+    """(kernelized module, host module) zero-argument callables: the same weights, the kernelized
+    one with its instance ``forward`` replaced by the layer's, which is what kernelize does."""
+    host = (_GemmaStyleMLP(h, i) if op == "layer_mlp" else torch.nn.Linear(h, i)).to(device=device, dtype=dtype)
+    layer = k.layers.GeGLUMLP if op == "layer_mlp" else k.layers.LinearBias
+    kernelized = copy.deepcopy(host)
+    kernelized.forward = types.MethodType(layer.forward, kernelized)
+    x = torch.randn(m, h, device=device, dtype=dtype)
+    return (lambda: kernelized(x)), (lambda: host(x))
 
 
 def _sync(device: torch.device) -> None:
@@ -42,6 +75,14 @@ def _sync(device: torch.device) -> None:
 
 def _calls(k, op: str, m: int, h: int, i: int, device: torch.device, dtype: torch.dtype):
     """(ours, eager) zero-argument callables for ``op`` at [m, h] x [i, h]."""
+    if op.startswith("layer_"):
+        return _layer_calls(k, op, m, h, i, device, dtype)
+    if op == "geglu_mlp":
+        x = torch.randn(m, h, device=device, dtype=dtype)
+        wg, wu = (torch.randn(i, h, device=device, dtype=dtype) * h**-0.5 for _ in range(2))
+        wd = torch.randn(h, i, device=device, dtype=dtype) * i**-0.5
+        return ((lambda: k.geglu_mlp(x, wg, wu, wd, approximate="tanh")),
+                (lambda: F.linear(F.gelu(F.linear(x, wg), approximate="tanh") * F.linear(x, wu), wd)))
     if op.startswith("linear"):
         x = torch.randn(m, h, device=device, dtype=dtype)
         w = torch.randn(i, h, device=device, dtype=dtype) * h**-0.5
@@ -78,11 +119,13 @@ def _measure(k, op, name, m, h, i, device, dtype, rounds: int) -> dict:
     providers = {"eager": eager, "ours": ours}
     host = {p: [] for p in providers}
     wall = {p: [] for p in providers}
+    recorded = _RECORDED_AS.get(op, op)
+    sys.modules[f"{k.__name__}._dispatch"]._last.pop(recorded, None)  # None below: the kernel never ran
     with torch.no_grad():
         for f in providers.values():
             for _ in range(20):
                 f()
-        backend = k.last_backend("gelu_and_mul" if op in ("geglu_packed", "gelu_and_mul") else op.split("_gelu")[0])
+        backend = k.last_backend(recorded)
         for r in range(rounds):
             for p in (("ours", "eager") if r % 2 else ("eager", "ours")):
                 host[p].append(host_us(providers[p], 40, device=device))
