@@ -97,8 +97,11 @@ def test_two_rank_tensor_parallel_mlp_matches_unsharded(kernel, tmp_path, bias):
 
 def _hf_worker(rank: int, world: int, port: int, model_dir: str, result_dir: str) -> None:
     """transformers' own TP plan (``from_pretrained(tp_plan="auto")``), then kernelize."""
+    # CPU ranks: with a GPU visible, transformers binds rank r to CUDA device r (LOCAL_RANK), which a
+    # one-GPU machine does not have ("invalid device ordinal" on the H200, 2026-12-04). Hidden before
+    # anything in this fresh process initialises CUDA.
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world),
-                      LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world))
+                      LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world), CUDA_VISIBLE_DEVICES="")
     sys.path.insert(0, str(HERE.parent / "src"))
     import torch.distributed as dist
     from kernels import Mode
