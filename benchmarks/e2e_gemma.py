@@ -1,7 +1,11 @@
 """End-to-end: a Gemma-2B-sized model (random weights, a few layers) kernelized with fused-geglu,
 against the same model unkernelized and under torch.compile, forward and training step (GPU).
 
-    python benchmarks/e2e_gemma.py --out DIR [--layers 4] [--batch 4] [--seq 1024] [--reps 10] [--no-compile]
+    python benchmarks/e2e_gemma.py --out DIR [--layers 4] [--batch 4] [--seq 1024] [--reps 10] [--rounds 3]
+                                   [--no-compile]
+
+Eager and kernelized are two copies of one model (the same weights), timed in alternating rounds;
+each row's peak memory is taken from a base without gradients.
 
 ``--batch 1 --seq 16 --reps 50`` is a decode-sized step without CUDA graphs, where the host's time per
 module call decides.
@@ -12,8 +16,10 @@ Loads the kernel from the staged offline cache (``make stage``), like the tests 
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import os
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -47,14 +53,16 @@ def main() -> int:
     p.add_argument("--layers", type=int, default=4)
     p.add_argument("--batch", type=int, default=4)
     p.add_argument("--seq", type=int, default=1024)
-    p.add_argument("--reps", type=int, default=10, help="timed calls per row (median)")
+    p.add_argument("--reps", type=int, default=10, help="timed calls per row and round (median)")
+    p.add_argument("--rounds", type=int, default=3,
+                   help="eager and kernelized rows alternate over this many rounds (the host drifts between rows)")
     p.add_argument("--no-compile", action="store_true", help="leave out the torch.compile rows")
     args = p.parse_args()
     import torch
     from kernels import Mode
     from transformers import GemmaConfig, GemmaForCausalLM
 
-    from fused_geglu_tools.transformers import kernelize, unkernelize
+    from fused_geglu_tools.transformers import kernelize
 
     if not torch.cuda.is_available():
         print("e2e_gemma: needs a CUDA GPU; nothing measured")
@@ -64,6 +72,7 @@ def main() -> int:
                       num_attention_heads=8, num_key_value_heads=1, head_dim=256, max_position_embeddings=args.seq,
                       hidden_act="gelu_pytorch_tanh", hidden_activation="gelu_pytorch_tanh")
     model = GemmaForCausalLM(cfg).to("cuda", torch.bfloat16)
+    kernelized = copy.deepcopy(model)  # the same weights; kernelized below, per mode
     ids = torch.randint(0, cfg.vocab_size, (args.batch, args.seq), device="cuda")
     rows = []
 
@@ -79,38 +88,52 @@ def main() -> int:
             m(input_ids=ids, labels=ids).loss.backward()
         return run
 
-    def measure(name, m, mode_train):
+    def measure(name, m, mode_train, rnd=0):
         m.train(mode_train)
         fn = train(m) if mode_train else fwd(m)
+        for other in (model, kernelized):  # no gradients left from an earlier row in the peak's base
+            other.zero_grad(set_to_none=True)
         torch.cuda.reset_peak_memory_stats()
         base = torch.cuda.memory_allocated()
         ms = _median_ms(fn, reps=args.reps)
         peak = (torch.cuda.max_memory_allocated() - base) / 2**20
-        rows.append({"provider": name, "mode": "train" if mode_train else "fwd", "median_ms": ms, "peak_mb_above_start": peak})
-        print(f"{name:22} {'train' if mode_train else 'fwd':6} {ms:9.2f} ms  peak +{peak:8.1f} MB", flush=True)
+        mode = "train" if mode_train else "fwd"
+        rows.append({"provider": name, "mode": mode, "round": rnd, "median_ms": ms, "peak_mb_above_start": peak})
+        print(f"{name:22} {mode:6} round {rnd} {ms:9.2f} ms  peak +{peak:8.1f} MB", flush=True)
 
     model.eval()
     with torch.no_grad():
         ref_logits = model(input_ids=ids).logits.float()
+    report, err = {}, None
     for train_mode in (False, True):
-        measure("eager", model, train_mode)
-    t0 = time.time()
+        mode = "train" if train_mode else "fwd"
+        kernelized.train(train_mode)
+        report[mode] = str(kernelize(kernelized, mode=Mode.TRAINING if train_mode else Mode.INFERENCE, device="cuda",
+                                     source="hub"))
+        if not train_mode:
+            kernelized.eval()
+            with torch.no_grad():
+                err = float((kernelized(input_ids=ids).logits.float() - ref_logits).norm() / ref_logits.norm())
+            print(f"kernelized logits rel. diff vs unkernelized (bf16): {err:.3e}")
+        for rnd in range(args.rounds):
+            pair = (("eager", model), ("kernelized", kernelized))
+            for name, m in (pair if rnd % 2 == 0 else pair[::-1]):
+                measure(name, m, train_mode, rnd)
+    compile_s = None
     if not args.no_compile:
+        t0 = time.time()
         compiled = torch.compile(model)  # compile of the unkernelized model: the baseline to beat
         for train_mode in (False, True):
             measure("compile", compiled, train_mode)
-    compile_s = None if args.no_compile else time.time() - t0
-    report = {}
-    for train_mode in (False, True):
-        model.train(train_mode)
-        r = kernelize(model, mode=Mode.TRAINING if train_mode else Mode.INFERENCE, device="cuda", source="hub")
-        report["train" if train_mode else "fwd"] = str(r)
-        if not train_mode:
-            with torch.no_grad():
-                err = (model(input_ids=ids).logits.float() - ref_logits).norm() / ref_logits.norm()
-            print(f"kernelized logits rel. diff vs unkernelized (bf16): {err:.3e}")
-        measure("kernelized", model, train_mode)
-    unkernelize(model)
+        compile_s = time.time() - t0
+    summary = {}
+    for mode in ("fwd", "train"):
+        per = {name: [r["median_ms"] for r in rows if r["provider"] == name and r["mode"] == mode]
+               for name in ("eager", "kernelized", "compile")}
+        summary[mode] = {name: statistics.median(v) for name, v in per.items() if v}
+        summary[mode]["kernelized_minus_eager_ms_by_round"] = [k - e for k, e in zip(per["kernelized"], per["eager"])]
+        print(f"{mode}: median over rounds " + ", ".join(f"{k} {v:.3f} ms" for k, v in summary[mode].items()
+                                                         if not k.startswith("kernelized_minus")))
     import triton
     import transformers
 
@@ -118,11 +141,11 @@ def main() -> int:
            "triton": triton.__version__, "transformers": transformers.__version__,
            "commit": os.environ.get("FUSED_GEGLU_COMMIT")}
     payload = {"config": {"hidden": 2048, "intermediate": 16384, "layers": args.layers, "batch": args.batch,
-                          "seq": args.seq, "dtype": "bfloat16", "reps": args.reps},
+                          "seq": args.seq, "dtype": "bfloat16", "reps": args.reps, "rounds": args.rounds},
                "env": env, "compile_s": compile_s, "kernelize": report,
-               "logits_rel_diff": float(err), "rows": rows}
+               "logits_rel_diff": err, "summary": summary, "rows": rows}
     args.out.mkdir(parents=True, exist_ok=True)
-    path = args.out / f"e2e-gemma2b-{time.strftime('%Y%m%d')}.json"
+    path = args.out / f"e2e-gemma2b-{time.strftime('%Y%m%d')}-b{args.batch}s{args.seq}.json"
     path.write_text(json.dumps(payload, indent=1))
     print(f"wrote {path}")
     return 0
