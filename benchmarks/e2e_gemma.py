@@ -47,6 +47,56 @@ def _median_ms(fn, reps: int = 10, warmup: int = 3) -> float:
     return sorted(times)[len(times) // 2]
 
 
+def _host_profile(torch, fwd, model, kernelized, calls: int = 30) -> dict:
+    """Where a forward's host time goes, eager against kernelized (both in eval mode): the CPU time
+    spent inside each MLP module's ``__call__`` (forward pre-hook to forward hook, no
+    synchronisation, so on a host-bound step this is the host's cost of the MLP), and the
+    profiler's top CPU ops and CUDA kernels of one forward."""
+    import time as _time
+
+    out = {}
+    for name, m in (("eager", model), ("kernelized", kernelized)):
+        m.eval()
+        mlps = [layer.mlp for layer in m.model.layers]
+        spent, started = [], {}
+        handles = []
+        for mlp in mlps:
+            handles.append(mlp.register_forward_pre_hook(lambda mod, args: started.__setitem__(id(mod), _time.perf_counter())))
+            handles.append(mlp.register_forward_hook(
+                lambda mod, args, res: spent.append((_time.perf_counter() - started[id(mod)]) * 1e6)))
+        run = fwd(m)
+        for _ in range(5):
+            run()
+        torch.cuda.synchronize()
+        spent.clear()
+        t0 = _time.perf_counter()
+        for _ in range(calls):
+            run()
+        host_per_fwd = (_time.perf_counter() - t0) / calls * 1e6  # enqueue time, before the final sync
+        torch.cuda.synchronize()
+        for h in handles:
+            h.remove()
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU,
+                                                torch.profiler.ProfilerActivity.CUDA]) as prof:
+            run()
+            torch.cuda.synchronize()
+        avg = prof.key_averages()
+        cpu = sorted(avg, key=lambda e: e.self_cpu_time_total, reverse=True)[:25]
+        gpu = sorted((e for e in avg if getattr(e, "self_device_time_total", 0) > 0),
+                     key=lambda e: e.self_device_time_total, reverse=True)[:15]
+        out[name] = {
+            "mlp_call_host_us_median": statistics.median(spent),
+            "mlp_calls": len(spent),
+            "forward_host_us": host_per_fwd,
+            "top_cpu_self_us": [(e.key, e.count, e.self_cpu_time_total) for e in cpu],
+            "top_gpu_self_us": [(e.key[:90], e.count, e.self_device_time_total) for e in gpu],
+        }
+        print(f"{name:10} MLP call host time: median {out[name]['mlp_call_host_us_median']:.1f} us "
+              f"over {len(spent)} calls; forward enqueue {host_per_fwd:.0f} us", flush=True)
+        print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=18), flush=True)
+    return out
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results")
@@ -57,6 +107,9 @@ def main() -> int:
     p.add_argument("--rounds", type=int, default=3,
                    help="eager and kernelized rows alternate over this many rounds (the host drifts between rows)")
     p.add_argument("--no-compile", action="store_true", help="leave out the torch.compile rows")
+    p.add_argument("--host-profile", action="store_true",
+                   help="also: host time inside each MLP module's call (forward hooks), and a torch.profiler "
+                        "table of one forward, eager and kernelized")
     args = p.parse_args()
     import torch
     from kernels import Mode
@@ -119,6 +172,7 @@ def main() -> int:
             pair = (("eager", model), ("kernelized", kernelized))
             for name, m in (pair if rnd % 2 == 0 else pair[::-1]):
                 measure(name, m, train_mode, rnd)
+    profile = _host_profile(torch, fwd, model, kernelized) if args.host_profile else None
     compile_s = None
     if not args.no_compile:
         t0 = time.time()
@@ -143,7 +197,7 @@ def main() -> int:
     payload = {"config": {"hidden": 2048, "intermediate": 16384, "layers": args.layers, "batch": args.batch,
                           "seq": args.seq, "dtype": "bfloat16", "reps": args.reps, "rounds": args.rounds},
                "env": env, "compile_s": compile_s, "kernelize": report,
-               "logits_rel_diff": err, "summary": summary, "rows": rows}
+               "logits_rel_diff": err, "summary": summary, "rows": rows, "host_profile": profile}
     args.out.mkdir(parents=True, exist_ok=True)
     path = args.out / f"e2e-gemma2b-{time.strftime('%Y%m%d')}-b{args.batch}s{args.seq}.json"
     path.write_text(json.dumps(payload, indent=1))
