@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import gc
 import json
 import os
 import statistics
@@ -56,7 +57,6 @@ def _host_profile(torch, fwd, model, kernelized, calls: int = 30) -> dict:
     - the same MLP module called back to back on the layer's real input ("tight loop", what the
       per-op diagnostics measure), for the difference the surrounding model makes;
     - the profiler's top CPU ops of one forward."""
-    import time as _time
     from types import MethodType
 
     import kernels
@@ -69,56 +69,93 @@ def _host_profile(torch, fwd, model, kernelized, calls: int = 30) -> dict:
     op_model = copy.deepcopy(model)
     for layer in op_model.model.layers:
         layer.mlp.forward = MethodType(direct, layer.mlp)
+    # The compiled inference op alone, its launch resolved once: what the public function's Python
+    # adds in the model, where the op path is the CUTLASS one (sm90).
+    raw_model = None
+    if k.last_backend("geglu_mlp") == "cuda:sm90":
+        pol = sys.modules[f"{k.__name__}.policy"]
+        sw = sys.modules[f"{k.__name__}.sm90_weights"]
+        rows_m = fwd.m
+        launch = sw.parse_launch(pol.sm90_mlp_launch(rows_m, model.config.hidden_size, torch.device("cuda", 0)))
+        raw = getattr(torch.ops, k.OPS_ID).geglu_mlp_sm90
+
+        def raw_op(self, x):
+            y = raw(x.view(rows_m, x.shape[-1]), self.gate_proj.weight, self.up_proj.weight, self.down_proj.weight,
+                    None, None, None, 1, *launch)
+            return y.view(x.shape)
+
+        raw_model = copy.deepcopy(model)
+        for layer in raw_model.model.layers:
+            layer.mlp.forward = MethodType(raw_op, layer.mlp)
     captured = []
     grab = model.model.layers[0].mlp.register_forward_pre_hook(lambda mod, args: captured.append(args[0]))
     fwd(model.eval())()
     grab.remove()
     x_mlp = captured[0]
     out = {}
-    for name, m in (("eager", model), ("kernelized", kernelized), ("direct-op", op_model)):
-        m.eval()
-        mlps = [layer.mlp for layer in m.model.layers]
-        spent, started = [], {}
-        handles = []
-        for mlp in mlps:
-            handles.append(mlp.register_forward_pre_hook(lambda mod, args: started.__setitem__(id(mod), _time.perf_counter())))
-            handles.append(mlp.register_forward_hook(
-                lambda mod, args, res: spent.append((_time.perf_counter() - started[id(mod)]) * 1e6)))
-        run = fwd(m)
-        for _ in range(5):
-            run()
-        torch.cuda.synchronize()
-        spent.clear()
-        t0 = _time.perf_counter()
-        for _ in range(calls):
-            run()
-        host_per_fwd = (_time.perf_counter() - t0) / calls * 1e6  # enqueue time, before the final sync
-        torch.cuda.synchronize()
-        in_model = list(spent)
-        spent.clear()
-        with torch.no_grad():
-            for _ in range(200):
-                mlps[0](x_mlp)
-        torch.cuda.synchronize()
-        tight = spent[20:]
-        for h in handles:
-            h.remove()
+    variants = (("eager", model), ("kernelized", kernelized), ("direct-op", op_model),
+                *((("raw-op", raw_model),) if raw_model is not None else ()))
+    for gc_off in (False, True):
+        if gc_off:  # whether Python's cyclic collector, run by allocation counts, lands in the MLP calls
+            gc.collect()
+            gc.disable()
+        try:
+            for name, m in variants:
+                out[name + ("/gc-off" if gc_off else "")] = _host_profile_one(torch, fwd, m, x_mlp, calls,
+                                                                              with_table=not gc_off)
+        finally:
+            gc.enable()
+    for name, r in out.items():
+        print(f"{name:17} MLP call host time: in the model {r['mlp_call_host_us_in_model_median']:.1f} us "
+              f"(median of {r['mlp_calls_in_model']}), tight loop {r['mlp_call_host_us_tight_loop_median']:.1f} us; "
+              f"forward enqueue {r['forward_host_us']:.0f} us", flush=True)
+    return out
+
+
+def _host_profile_one(torch, fwd, m, x_mlp, calls: int, with_table: bool) -> dict:
+    """One variant of :func:`_host_profile`."""
+
+    m.eval()
+    mlps = [layer.mlp for layer in m.model.layers]
+    spent, started = [], {}
+    handles = []
+    for mlp in mlps:
+        handles.append(mlp.register_forward_pre_hook(lambda mod, args: started.__setitem__(id(mod), time.perf_counter())))
+        handles.append(mlp.register_forward_hook(
+            lambda mod, args, res: spent.append((time.perf_counter() - started[id(mod)]) * 1e6)))
+    run = fwd(m)
+    for _ in range(5):
+        run()
+    torch.cuda.synchronize()
+    spent.clear()
+    t0 = time.perf_counter()
+    for _ in range(calls):
+        run()
+    host_per_fwd = (time.perf_counter() - t0) / calls * 1e6  # enqueue time, before the final sync
+    torch.cuda.synchronize()
+    in_model = list(spent)
+    spent.clear()
+    with torch.no_grad():
+        for _ in range(200):
+            mlps[0](x_mlp)
+    torch.cuda.synchronize()
+    tight = spent[20:]
+    for h in handles:
+        h.remove()
+    cpu = []
+    if with_table:
         with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU,
                                                 torch.profiler.ProfilerActivity.CUDA]) as prof:
             run()
             torch.cuda.synchronize()
         cpu = sorted(prof.key_averages(), key=lambda e: e.self_cpu_time_total, reverse=True)[:25]
-        out[name] = {
-            "mlp_call_host_us_in_model_median": statistics.median(in_model),
-            "mlp_call_host_us_tight_loop_median": statistics.median(tight),
-            "mlp_calls_in_model": len(in_model),
-            "forward_host_us": host_per_fwd,
-            "top_cpu_self_us": [(e.key, e.count, e.self_cpu_time_total) for e in cpu],
-        }
-        print(f"{name:10} MLP call host time: in the model {out[name]['mlp_call_host_us_in_model_median']:.1f} us "
-              f"(median of {len(in_model)}), tight loop {out[name]['mlp_call_host_us_tight_loop_median']:.1f} us; "
-              f"forward enqueue {host_per_fwd:.0f} us", flush=True)
-    return out
+    return {
+        "mlp_call_host_us_in_model_median": statistics.median(in_model),
+        "mlp_call_host_us_tight_loop_median": statistics.median(tight),
+        "mlp_calls_in_model": len(in_model),
+        "forward_host_us": host_per_fwd,
+        "top_cpu_self_us": [(e.key, e.count, e.self_cpu_time_total) for e in cpu],
+    }
 
 
 def main() -> int:
@@ -196,6 +233,7 @@ def main() -> int:
             pair = (("eager", model), ("kernelized", kernelized))
             for name, m in (pair if rnd % 2 == 0 else pair[::-1]):
                 measure(name, m, train_mode, rnd)
+    fwd.m = args.batch * args.seq  # rows of each MLP call, for _host_profile's raw-op variant
     profile = _host_profile(torch, fwd, model, kernelized) if args.host_profile else None
     compile_s = None
     if not args.no_compile:
