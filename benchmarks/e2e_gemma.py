@@ -120,7 +120,8 @@ def _host_profile_one(torch, fwd, m, x_mlp, calls: int, with_table: bool) -> dic
     spent, started = [], {}
     handles = []
     for mlp in mlps:
-        handles.append(mlp.register_forward_pre_hook(lambda mod, args: started.__setitem__(id(mod), time.perf_counter())))
+        handles.append(mlp.register_forward_pre_hook(
+            lambda mod, args: started.__setitem__(id(mod), time.perf_counter())))
         handles.append(mlp.register_forward_hook(
             lambda mod, args, res: spent.append((time.perf_counter() - started[id(mod)]) * 1e6)))
     run = fwd(m)

@@ -20,6 +20,7 @@ from torch import nn
 from .geglu import geglu, geglu_packed
 from .linear import linear
 from .mlp import geglu_mlp
+from ._opdef import _PLAIN
 
 # transformers activation classes by behaviour (matched by name: the kernel may not import
 # transformers). All tanh-form GELUs are the same function: 0.5x(1+tanh(sqrt(2/pi)(x+0.044715x^3))).
@@ -39,7 +40,6 @@ def gelu_approximation(act) -> str | None:
     return None
 
 
-_PLAIN = (torch.Tensor, nn.Parameter)
 _MISSING = object()
 
 
@@ -194,8 +194,8 @@ class GeGLUMLP(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         approx = gelu_approximation(_host_attr(self, "act_fn"))
         dropout = _host_attr(self, "dropout")  # T5Gemma: dropout between act*up and down
-        if approx is not None and not _host_attr(self, "activation_sparsity", 0.0) \
-                and not (self.training and getattr(dropout, "p", 0.0) > 0):  # Gemma3n: top-k on gate first
+        sparsity = _host_attr(self, "activation_sparsity", 0.0)  # Gemma3n: top-k on gate first
+        if approx is not None and not sparsity and not (self.training and getattr(dropout, "p", 0.0) > 0):
             operands = _projection_operands(self, x, ("gate_proj", "up_proj", "down_proj"))
             if operands is not None:
                 w_gate, b_gate, w_up, b_up, w_down, b_down = operands

@@ -13,7 +13,7 @@ import torch.nn.functional as F
 
 from . import _checks, _dispatch
 from ._ops import ops
-from ._opdef import _tracing, custom_op
+from ._opdef import _PLAIN, _tracing, custom_op
 from ._views import rows
 from .policy import backend_for, size_free
 
@@ -27,7 +27,6 @@ _picks: dict[tuple, str] = {}
 # F.linear at every size, mapped to the backend name recorded for it ("torch", or "cpu" on CPU
 # tensors): the public function's short path. Filled by the full path's first such call.
 _ATEN_PLAIN: dict[torch.device, str] = {}
-_PLAIN = (torch.Tensor, torch.nn.Parameter)
 
 
 def _learn_plain(device: torch.device, chosen: str) -> None:
@@ -278,10 +277,11 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
             and type(x) in _PLAIN and type(weight) in _PLAIN and (bias is None or type(bias) in _PLAIN)):
         # The common call: ATen's addmm is the implementation at every size on this device (see
         # _learn_plain), nothing overrides the policy, and x is contiguous. F.linear runs on the
-        # caller's tensors, with only the checks it does not make itself (it would take integer or
-        # float64 tensors, a 1-D weight and a broadcasting bias; the bias's dtype is checked here
-        # too, since an N-D x may reach an in-place add that casts it); its own errors (dtypes and
-        # devices of x and weight, feature counts) are reworded below. This is ~1 µs of Python against the full path's ~6 (development CPU, 2026-12-04).
+        # caller's tensors after the checks it does not make the way the named ones do (it would
+        # take integer or float64 tensors, a 1-D weight and a broadcasting bias; the bias's dtype
+        # is checked here rather than left to whichever ATen route runs); its own refusals (dtypes
+        # and devices of x and weight, feature counts) are reworded below. About 1 µs of Python
+        # against the full path's 6 (development CPU, 2026-12-04).
         chosen = _ATEN_PLAIN.get(x.device)
         if (chosen is not None and x.dtype in _checks.FLOAT_DTYPES and x.is_contiguous() and weight.dim() == 2
                 and (bias is None or (bias.shape == weight.shape[:1] and bias.dtype == x.dtype))
