@@ -134,7 +134,9 @@ PY
       summary+=("probe ${PROBE_SECTIONS:-decode} $(($(date +%s)-start))s")
       ;;
     e2e)
-      timeout ${E2E_TIMEOUT:-200} python3 benchmarks/e2e_gemma.py --out "$OUT" 2>&1 | tee "$OUT/e2e.log" | tail -30
+      # E2E_ARGS, e.g. "--batch 1 --seq 16 --reps 40 --rounds 4 --no-compile --host-profile" (decode host time)
+      export HF_HUB_OFFLINE=1 HF_HUB_CACHE=$PWD/.hub-cache
+      timeout ${E2E_TIMEOUT:-200} python3 benchmarks/e2e_gemma.py --out "$OUT" ${E2E_ARGS:-} 2>&1 | tee "$OUT/e2e.log" | tail -30
       summary+=("e2e $(($(date +%s)-start))s")
       ;;
     *) echo "unknown phase $phase"; exit 2;;
