@@ -188,3 +188,168 @@ def test_linear_on_aten_takes_the_short_path(kernel, device, monkeypatch, dtype,
     # Its backward is the op path's own GEMMs and fp32 bias sum, not ATen's: right, not the same bits.
     for name, g, r, e in zip(("dx", "dW", "db"), torch.autograd.grad(yp, leaves, torch.ones_like(yp)), r64, re):
         assert_close(g, r, e, f"linear {activation} {layout} {name}, Python node")
+
+
+# ---- geglu_mlp: the no-graph call as one compiled entry (kernel_src/autograd_nodes/mlp_infer.cpp) ----
+
+def _skip_without_mlp_entry(kernel, device):
+    if not _mod(kernel, "_dispatch").compiled_has_autograd("geglu_mlp_infer", device):
+        pytest.skip(f"this variant has no compiled MLP entry for {device} tensors")
+
+
+def _mlp_params(h, i, dtype, device, biases: str, requires_grad: bool = True):
+    """Weights with the scale of an initialised layer (the module's own tensors need grad); biases
+    ``"none"``, ``"gate"`` (only b_gate: the sm90 kernel takes both or neither, so the entry zero-fills
+    b_up) or ``"all"``."""
+    ws = [randn(*s, dtype=dtype, device=device, scale=s[1] ** -0.5, requires_grad=requires_grad)
+          for s in ((i, h), (i, h), (h, i))]
+    present = {"none": (), "gate": (0,), "all": (0, 1, 2)}[biases]
+    bs = [randn(n, dtype=dtype, device=device, scale=0.5, requires_grad=requires_grad) if k in present else None
+          for k, n in enumerate((i, i, h))]
+    return [*(torch.nn.Parameter(w, requires_grad=requires_grad) for w in ws), *bs]
+
+
+def _mlp_eager(x, wg, wu, wd, bg, bu, bd, approximate):
+    return F.linear(F.gelu(F.linear(x, wg, bg), approximate=approximate) * F.linear(x, wu, bu), wd, bd)
+
+
+def _refuse_general_path(monkeypatch, mlp_mod):
+    def refuse(*args):
+        raise AssertionError("geglu_mlp's general path ran where the compiled entry should have")
+
+    monkeypatch.setattr(mlp_mod, "_forward", refuse)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("approximate", ["tanh", "none"])
+@pytest.mark.parametrize("shape", [((3, 5), 64, 128), ((37,), 67, 45), ((1,), 8, 16)], ids=str)
+@pytest.mark.parametrize("biases", ["none", "gate", "all"])
+@pytest.mark.parametrize("mode", ["no_grad", "inference_mode", "no_leaf"])
+def test_mlp_no_graph_call_runs_one_compiled_entry(kernel, device, monkeypatch, dtype, approximate, shape, biases,
+                                                   mode):
+    """geglu_mlp with nothing to record, under the auto policy: one geglu_mlp_infer call, which runs the
+    sequence the general path picks at this size (the sm90 gate+up GEMM + cuBLAS on Hopper where the
+    policy names a launch, else vendor GEMMs around the compiled pointwise) with the same bits, right
+    against float64; and no general-path Python ran."""
+    _skip_without_mlp_entry(kernel, device)
+    for name in ("FUSED_GEGLU_BACKEND", "FUSED_GEGLU_CUBLASLT", "FUSED_GEGLU_SM90_MLP"):
+        monkeypatch.delenv(name, raising=False)
+    mlp = _mod(kernel, "mlp")
+    lead, h, i = shape
+    x = randn(*lead, h, dtype=dtype, device=device)
+    params = _mlp_params(h, i, dtype, device, biases, requires_grad=mode != "no_leaf")
+    with torch.no_grad():
+        general = mlp._forward(x, *params, approximate, False, "auto")[0]
+    general_backend = kernel.last_backend("geglu_mlp")
+    ctx = torch.inference_mode() if mode == "inference_mode" else torch.no_grad() if mode == "no_grad" \
+        else torch.enable_grad()
+    with monkeypatch.context() as m, ctx:
+        _refuse_general_path(m, mlp)
+        y = kernel.geglu_mlp(x, *params, approximate=approximate)
+    assert kernel.last_backend("geglu_mlp") == general_backend
+    assert general_backend in ("cpu+gemm", "cuda+gemm", "cuda:sm90"), general_backend
+    assert y.shape == (*lead, h) and y.grad_fn is None
+    assert torch.equal(y, general), "the compiled entry and the general path differ"
+    det = [None if p is None else p.detach() for p in params]
+    ref = kernel.reference.geglu_mlp_ref(x.double(), *(None if p is None else p.double() for p in det),
+                                         approximate=approximate)
+    assert_close(y, ref, _mlp_eager(x, *det, approximate), f"geglu_mlp entry {biases}")
+
+
+def test_mlp_entry_declines_to_the_general_path(kernel, device, monkeypatch):
+    """What the entry does not take runs the general path, with its results and its named errors: a
+    call that records a graph, a non-contiguous x (copied there), a weight with a strided last dim, a
+    backend or an environment override, a tensor subclass; mixed devices reach the named check."""
+    _skip_without_mlp_entry(kernel, device)
+    for name in ("FUSED_GEGLU_BACKEND", "FUSED_GEGLU_CUBLASLT", "FUSED_GEGLU_SM90_MLP"):
+        monkeypatch.delenv(name, raising=False)
+    mlp = _mod(kernel, "mlp")
+    calls = []
+    general = mlp._forward
+    monkeypatch.setattr(mlp, "_forward", lambda *a: calls.append(1) or general(*a))
+    h, i = 64, 128
+    params = _mlp_params(h, i, torch.float32, device, "all")
+    x = randn(4, 3, h, device=device)
+    det = [p.detach() for p in params]
+    ref = _mlp_eager(x.double(), *(p.double() for p in det), "tanh")
+
+    def check(y, what, ran_general=True):
+        assert_close(y, ref, _mlp_eager(x, *det, "tanh"), what)
+        assert calls == ([1] if ran_general else []), f"{what}: general path ran {len(calls)} times"
+        calls.clear()
+
+    with torch.no_grad():
+        check(kernel.geglu_mlp(x, *params), "entry", ran_general=False)
+        check(kernel.geglu_mlp(x.transpose(0, 1).contiguous().transpose(0, 1), *params), "non-contiguous x")
+        wg_t = det[0].t().contiguous().t()  # same values, last-dim stride I
+        check(kernel.geglu_mlp(x, wg_t, *det[1:]), "strided w_gate")
+        check(kernel.geglu_mlp(x, *params, backend=kernel.last_backend("geglu_mlp").split("+")[0].split(":")[0]),
+              "explicit backend")
+        monkeypatch.setenv("FUSED_GEGLU_BACKEND", "torch")
+        check(kernel.geglu_mlp(x, *params), "environment backend")
+        assert kernel.last_backend("geglu_mlp") == "torch+gemm"
+        monkeypatch.delenv("FUSED_GEGLU_BACKEND")
+        monkeypatch.setenv("FUSED_GEGLU_SM90_MLP", "no")
+        check(kernel.geglu_mlp(x, *params), "sm90 launch override")
+        monkeypatch.delenv("FUSED_GEGLU_SM90_MLP")
+
+        class Marked(torch.Tensor):
+            pass
+
+        assert mlp._infer(x.as_subclass(Marked), *det, "tanh") is None
+        with pytest.raises(ValueError, match="w_gate is on meta"):
+            kernel.geglu_mlp(x, det[0].to("meta"), *det[1:])
+        calls.clear()
+        with pytest.raises(ValueError, match="approximate must be"):
+            kernel.geglu_mlp(x, *params, approximate="fast")
+        calls.clear()
+    y = kernel.geglu_mlp(x, *params)  # grad enabled, the weights require grad: a graph
+    assert y.grad_fn is not None
+    assert_close(y, ref, _mlp_eager(x, *det, "tanh"), "recorded graph")
+    calls.clear()
+
+
+def test_mlp_entry_op_declines_instead_of_raising(kernel, device):
+    """geglu_mlp_infer itself returns None (never raises, never computes) for every call its general
+    path has to check or handle: each operand's dtype, device, rank, shape and layout, the GELU code,
+    grad, an empty x, and a launch the variant cannot run on this device."""
+    _skip_without_mlp_entry(kernel, device)
+    ops = _mod(kernel, "_ops").ops
+    h, i = 16, 24
+    wg, wu, wd, bg, bu, bd = (p.detach() for p in _mlp_params(h, i, torch.float32, device, "all"))
+    x = randn(5, h, device=device)
+    gemm = (-2, 1, 0)
+
+    def call(*args, code=1, launch=gemm):
+        return ops.geglu_mlp_infer(*args, code, *launch)
+
+    with torch.no_grad():
+        y = call(x, wg, wu, wd, bg, bu, bd)
+        assert y is not None and y.shape == (5, h)
+        bad = {
+            "GELU code": dict(code=2),
+            "x dtype": dict(args=(x.half(), wg, wu, wd, bg, bu, bd)),
+            "integer x": dict(args=(x.long(), wg.long(), wu.long(), wd.long(), None, None, None)),
+            "float64": dict(args=(x.double(), wg.double(), wu.double(), wd.double(), None, None, None)),
+            "x features": dict(args=(x[:, :-1].contiguous(), wg, wu, wd, bg, bu, bd)),
+            "w_up shape": dict(args=(x, wg, wu[:-1], wd, bg, bu, bd)),
+            "w_down shape": dict(args=(x, wg, wu, wd.t().contiguous(), bg, bu, bd)),
+            "w_gate rank": dict(args=(x, wg.reshape(-1), wu, wd, bg, bu, bd)),
+            "b_up shape": dict(args=(x, wg, wu, wd, bg, bu[:-1], bd)),
+            "b_down 2-D": dict(args=(x, wg, wu, wd, bg, bu, bd[None])),
+            "b_gate dtype": dict(args=(x, wg, wu, wd, bg.half(), bu, bd)),
+            "x strided": dict(args=(randn(h, 5, device=device).t(), wg, wu, wd, bg, bu, bd)),
+            "w_up strided": dict(args=(x, wg, wu.t().contiguous().t(), wd, bg, bu, bd)),
+            "empty x": dict(args=(x[:0], wg, wu, wd, bg, bu, bd)),
+            "x on meta": dict(args=(x.to("meta"), wg, wu, wd, bg, bu, bd)),
+            "w_down on meta": dict(args=(x, wg, wu, wd.to("meta"), bg, bu, bd)),
+        }
+        if device == "cpu":
+            bad["sm90 launch on CPU"] = dict(launch=(5, 1, 0))
+        for what, case in bad.items():
+            args = case.get("args", (x, wg, wu, wd, bg, bu, bd))
+            assert call(*args, code=case.get("code", 1), launch=case.get("launch", gemm)) is None, what
+    leaf = wg.clone().requires_grad_()
+    assert call(x, leaf, wu, wd, bg, bu, bd) is None, "grad needed"
+    with torch.no_grad():
+        assert call(x, leaf, wu, wd, bg, bu, bd) is not None, "grad mode off"

@@ -24,6 +24,15 @@ TORCH_LIBRARY_EXPAND(TORCH_EXTENSION_NAME, ops) {
   ops.def("geglu_infer(Tensor gate, Tensor up, int approximate) -> Tensor");
   ops.def("geglu_packed_infer(Tensor x, int approximate) -> Tensor");
   ops.def("geglu_packed_into(Tensor(a!) out, Tensor x, int approximate) -> ()");
+  // The MLP's no-graph forward (kernel_src/autograd_nodes/mlp_infer.cpp): y, or None where the call is
+  // not one it takes (the Python wrapper then takes its general path). Same launch arguments as
+  // geglu_mlp_train. Registered at the variant's Autograd key (no boxed autograd fallback per call)
+  // and at its backend key (reached under inference_mode); every other key declines.
+  ops.def(
+      "geglu_mlp_infer(Tensor x, Tensor w_gate, Tensor w_up, Tensor w_down, Tensor? b_gate, Tensor? b_up, "
+      "Tensor? b_down, int approximate, int tile, int swizzle, int raster) -> Tensor");
+  ops.impl("geglu_mlp_infer", torch::dispatch(c10::DispatchKey::CompositeImplicitAutograd,
+                                              TORCH_FN(geglu_mlp_infer_decline)));
 #if defined(CPU_KERNEL)
   ops.impl("geglu_fwd", c10::kCPU, &geglu_fwd);
   ops.impl("geglu_bwd", c10::kCPU, &geglu_bwd);
@@ -33,6 +42,8 @@ TORCH_LIBRARY_EXPAND(TORCH_EXTENSION_NAME, ops) {
   ops.impl("geglu_infer", c10::kCPU, &geglu_infer);
   ops.impl("geglu_packed_infer", c10::kCPU, &geglu_packed_infer);
   ops.impl("geglu_packed_into", c10::kCPU, &geglu_packed_into);
+  ops.impl("geglu_mlp_infer", torch::dispatch(c10::DispatchKey::AutogradCPU, TORCH_FN(geglu_mlp_infer)));
+  ops.impl("geglu_mlp_infer", c10::kCPU, &geglu_mlp_infer);  // inference_mode skips the Autograd keys
 #elif defined(CUDA_KERNEL)
   ops.impl("geglu_fwd", c10::kCUDA, &geglu_fwd);
   ops.impl("geglu_bwd", c10::kCUDA, &geglu_bwd);
@@ -42,6 +53,8 @@ TORCH_LIBRARY_EXPAND(TORCH_EXTENSION_NAME, ops) {
   ops.impl("geglu_infer", c10::kCUDA, &geglu_infer);
   ops.impl("geglu_packed_infer", c10::kCUDA, &geglu_packed_infer);
   ops.impl("geglu_packed_into", c10::kCUDA, &geglu_packed_into);
+  ops.impl("geglu_mlp_infer", torch::dispatch(c10::DispatchKey::AutogradCUDA, TORCH_FN(geglu_mlp_infer)));
+  ops.impl("geglu_mlp_infer", c10::kCUDA, &geglu_mlp_infer);  // inference_mode skips the Autograd keys
   // ---- CUDA-only ops (kernel_src/geglu_cuda) ----
   // The training MLP's fused backward pointwise: gate <- grad_gate, up <- grad_up,
   // grad_out <- h = gelu(gate) * up, element by element in place (no new M x I buffers).

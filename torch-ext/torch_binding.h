@@ -44,6 +44,17 @@ at::Tensor geglu_packed_train(at::Tensor const &x, int64_t approximate);
 at::Tensor geglu_infer(at::Tensor const &gate, at::Tensor const &up, int64_t approximate);
 at::Tensor geglu_packed_infer(at::Tensor const &x, int64_t approximate);
 void geglu_packed_into(at::Tensor &out, at::Tensor const &x, int64_t approximate);
+// The MLP's forward for a call that records no graph (kernel_src/autograd_nodes/mlp_infer.cpp): y[..., H]
+// for a contiguous x[..., H] with geglu_mlp_train's launch arguments, or an undefined tensor where the
+// call is not one it takes (grad needed, unexpected operands); the _decline form is every other key's.
+at::Tensor geglu_mlp_infer(at::Tensor const &x, at::Tensor const &w_gate, at::Tensor const &w_up,
+                           at::Tensor const &w_down, std::optional<at::Tensor> const &b_gate,
+                           std::optional<at::Tensor> const &b_up, std::optional<at::Tensor> const &b_down,
+                           int64_t approximate, int64_t tile, int64_t swizzle, int64_t raster);
+at::Tensor geglu_mlp_infer_decline(at::Tensor const &x, at::Tensor const &w_gate, at::Tensor const &w_up,
+                                   at::Tensor const &w_down, std::optional<at::Tensor> const &b_gate,
+                                   std::optional<at::Tensor> const &b_up, std::optional<at::Tensor> const &b_down,
+                                   int64_t approximate, int64_t tile, int64_t swizzle, int64_t raster);
 
 #if defined(CUDA_KERNEL)
 // In place: gate <- grad_out * up * gelu'(gate), up <- grad_out * gelu(gate),

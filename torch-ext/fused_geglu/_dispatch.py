@@ -109,8 +109,11 @@ _REQUESTABLE = frozenset((*BACKENDS, "auto"))
 # guard, one recompile of every compiled function that was the process's first reader (found at
 # c8a298a by test_fullgraph_dynamic_no_recompile run on its own).
 _ENV_STORE = getattr(os.environ, "_data", None) if os.name == "posix" else None
+# The variables that can change an auto pick, read per call: the backend, cuBLASLt for every linear,
+# and the sm90 MLP launch (policy.sm90_mlp_launch).
+_OVERRIDES = (ENV_VAR, "FUSED_GEGLU_CUBLASLT", "FUSED_GEGLU_SM90_MLP")
 _ENV_KEYS: dict[str, object] = (
-    {} if _ENV_STORE is None else {name: os.environ.encodekey(name) for name in (ENV_VAR, "FUSED_GEGLU_CUBLASLT")})
+    {} if _ENV_STORE is None else {name: os.environ.encodekey(name) for name in _OVERRIDES})
 
 _OVERRIDE_KEYS = tuple(_ENV_KEYS.values())
 
@@ -125,12 +128,13 @@ def env(name: str) -> str | None:
 
 
 def overridden() -> bool:
-    """Whether a variable that can change a backend choice is set, whatever its value
-    (``$FUSED_GEGLU_BACKEND``, ``$FUSED_GEGLU_CUBLASLT``): the short paths that skip the pick run only
-    while neither is."""
+    """Whether a variable that can change an auto pick is set, whatever its value
+    (``$FUSED_GEGLU_BACKEND``, ``$FUSED_GEGLU_CUBLASLT``, ``$FUSED_GEGLU_SM90_MLP``): the short paths
+    that skip the pick run only while none is."""
     if _ENV_STORE is None:
-        return ENV_VAR in os.environ or "FUSED_GEGLU_CUBLASLT" in os.environ
-    return _OVERRIDE_KEYS[0] in _ENV_STORE or _OVERRIDE_KEYS[1] in _ENV_STORE
+        return any(name in os.environ for name in _OVERRIDES)
+    k = _OVERRIDE_KEYS
+    return k[0] in _ENV_STORE or k[1] in _ENV_STORE or k[2] in _ENV_STORE
 
 
 def requested(backend: str | None) -> str:

@@ -32,7 +32,7 @@ from . import _checks, _dispatch, policy
 from . import geglu as _geglu
 from . import sm90_weights
 from ._ops import ops
-from ._opdef import _tracing, custom_op
+from ._opdef import _PLAIN, _tracing, custom_op
 from ._views import rows
 
 
@@ -388,6 +388,79 @@ def _cpp_training_launch(x, w_gate, w_up, backend: str):
     return _GEMM_POINTWISE, "cuda+gemm", "cuda"
 
 
+# ---- eager inference: one compiled call ---------------------------------------------------------
+# A call with no graph to record and the auto policy runs, per size, one of two compiled sequences
+# (sm90 gate+up + cuBLAS down, or cuBLAS / ATen GEMMs around the compiled pointwise). geglu_mlp_infer
+# (kernel_src/autograd_nodes/mlp_infer.cpp) runs either from one op call, with the per-call checks in
+# C++; here remains what C++ cannot see (tensor subclasses, tracing, environment overrides) and the
+# plan: which sequence ``_forward`` would pick at this size, remembered per (device, dtype, x.numel(),
+# w_gate.shape) for both graph-capture states (the policy may pick differently under capture).
+
+_infer_plans: dict[tuple, tuple] = {}
+_NO_PLANS = (None, None)
+
+
+def _infer_plan(device: torch.device, dtype: torch.dtype, m: int, h: int, i: int, capturing: int):
+    """``(label, tile, swizzle, raster)``: what ``_forward`` runs for an auto, no-graph call on a
+    contiguous x of these sizes when its operands are ones the sequence takes, as
+    geglu_mlp_infer's launch arguments; None where it runs anything else (Triton)."""
+    if m == 0 or not ONE_CALL or not _dispatch.compiled_has_autograd("geglu_mlp_infer", device.type):
+        return None
+    backend = _pick(device, "auto", m, h, i, capturing)
+    if device.type == "cpu":
+        return ("cpu+gemm", *_GEMM_POINTWISE) if backend == "cpu" else None
+    if backend != "cuda":
+        return None
+    # sm90_weights.usable's conditions that hold for every call with this key; the ones on pointers
+    # and strides are geglu_mlp_infer's to check (it declines, and the general path runs).
+    if (_dispatch.compiled_has("geglu_mlp_sm90", "cuda") and dtype in (torch.bfloat16, torch.float16)
+            and i % 8 == 0 and h % 8 == 0 and policy.device_capability(device) == (9, 0)):
+        launch = policy.sm90_mlp_launch(m, h, device, False, capturing)
+        if launch is not None:
+            return ("cuda:sm90", *sm90_weights.parse_launch(launch))
+    if _geglu._pick(device, "auto", "fwd", m * i, True) == "cuda" and _dispatch.compiled_has("geglu_mlp_gemm", "cuda"):
+        return ("cuda+gemm", *_GEMM_POINTWISE)
+    return None
+
+
+def _infer_plans_for(x: torch.Tensor, w_gate: torch.Tensor, key: tuple) -> tuple:
+    """Both capture states' plans for ``key``, remembered; none for a call the general path must
+    check (x's features not w_gate's), and then nothing is remembered."""
+    i, h = w_gate.shape
+    if x.dim() < 1 or x.shape[-1] != h or h == 0 or x.device.type not in ("cuda", "cpu"):
+        return _NO_PLANS
+    m = x.numel() // h
+    plans = tuple(_infer_plan(x.device, x.dtype, m, h, i, capturing) for capturing in (0, 1))
+    if x.device.type == "cpu":
+        plans = (plans[0], plans[0])
+    _dispatch.remember(_infer_plans, key, plans)
+    return plans
+
+
+def _infer(x, w_gate, w_up, w_down, b_gate, b_up, b_down, approximate):
+    """y from geglu_mlp_infer, or None where the general path must run: a tensor subclass or a
+    tracer, no plan at this size, or a call the op declines (it needs a graph, or its operands are
+    not ones the planned sequence takes; the general path then also makes the named checks)."""
+    code = 1 if approximate == "tanh" else 0 if approximate == "none" else None
+    if (code is None or type(x) not in _PLAIN or type(w_gate) not in _PLAIN or type(w_up) not in _PLAIN
+            or type(w_down) not in _PLAIN or (b_gate is not None and type(b_gate) not in _PLAIN)
+            or (b_up is not None and type(b_up) not in _PLAIN) or (b_down is not None and type(b_down) not in _PLAIN)
+            or torch.compiler.is_compiling() or torch._C._len_torch_dispatch_stack()):
+        return None
+    key = (x.device, x.dtype, x.numel(), w_gate.shape)
+    plans = _infer_plans.get(key) or _infer_plans_for(x, w_gate, key)
+    plan = plans[0]
+    if plans[1] is not plan and policy.capturing(key[0]):
+        plan = plans[1]
+    if plan is None:
+        return None
+    label, tile, swizzle, raster = plan
+    y = ops.geglu_mlp_infer(x, w_gate, w_up, w_down, b_gate, b_up, b_down, code, tile, swizzle, raster)
+    if y is not None:
+        _dispatch.record("geglu_mlp", label)
+    return y
+
+
 def geglu_mlp(x: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor, w_down: torch.Tensor,
               b_gate: torch.Tensor | None = None, b_up: torch.Tensor | None = None,
               b_down: torch.Tensor | None = None, approximate: str = "tanh", recompute: bool = False,
@@ -398,6 +471,10 @@ def geglu_mlp(x: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor, w_down:
     used as they are); biases [I], [I], [H] or None. ``recompute=True`` saves only x for the
     backward and recomputes the gate/up pre-activations there.
     """
+    if backend is None and not _dispatch.overridden():
+        y = _infer(x, w_gate, w_up, w_down, b_gate, b_up, b_down, approximate)
+        if y is not None:
+            return y
     if not _checks.mlp_args_ok(x, w_gate, w_up, w_down, b_gate, b_up, b_down, approximate):
         _check_args(x, w_gate, w_up, w_down, b_gate, b_up, b_down, approximate)
     if w_gate.stride(-1) != 1:

@@ -8,11 +8,12 @@ the fallback given by the caller is used.
 from __future__ import annotations
 
 import json
-import os
 from functools import lru_cache
 from pathlib import Path
 
 import torch
+
+from ._dispatch import env
 
 
 @lru_cache(maxsize=None)
@@ -102,7 +103,7 @@ def sm90_mlp_launch(m: int, h: int, device: torch.device, training: bool = False
     rows does full work for the last partial row block, and a tile order that groups G row blocks
     (swizzle G) leaves a ragged last group, so some launches win only when M is a multiple of R or of
     R * G (``min_m_align``). ``$FUSED_GEGLU_SM90_MLP`` overrides both for measuring: a launch, or ``no``."""
-    choice = os.environ.get("FUSED_GEGLU_SM90_MLP") or backend_for(
+    choice = env("FUSED_GEGLU_SM90_MLP") or backend_for(
         "geglu_mlp_sm90_train" if training else "geglu_mlp_sm90", device, "no", m=m, h=h,
         capturing=capturing(device) if capturing_now is None else capturing_now, m_align=m & -m)
     return None if choice == "no" else choice
@@ -113,7 +114,7 @@ def sm90_forced_launch(m: int, h: int, device: torch.device) -> str | None:
     pointwise measured faster there): per width and 128-row interval, the launch that lost least in
     those places, else None (the op's own size heuristic, where nothing was measured).
     ``$FUSED_GEGLU_SM90_MLP``, when set, keeps the heuristic (it is the override)."""
-    if os.environ.get("FUSED_GEGLU_SM90_MLP"):
+    if env("FUSED_GEGLU_SM90_MLP"):
         return None
     choice = backend_for("geglu_mlp_sm90_forced", device, "heuristic", m=m, h=h)
     return None if choice == "heuristic" else choice
