@@ -302,6 +302,11 @@ def test_mlp_entry_declines_to_the_general_path(kernel, device, monkeypatch):
         calls.clear()
         with pytest.raises(ValueError, match="approximate must be"):
             kernel.geglu_mlp(x, *params, approximate="fast")
+        for bad_args, message in (((det[0].reshape(-1), *det[1:]), "w_gate"),
+                                  ((det[0][:, :-1], *det[1:]), "features"),
+                                  ((det[0], det[1][:-1], *det[2:]), "w_up")):
+            with pytest.raises((ValueError, TypeError), match=message):
+                kernel.geglu_mlp(x, *bad_args)
         calls.clear()
     y = kernel.geglu_mlp(x, *params)  # grad enabled, the weights require grad: a graph
     assert y.grad_fn is not None

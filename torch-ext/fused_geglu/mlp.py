@@ -425,9 +425,11 @@ def _infer_plan(device: torch.device, dtype: torch.dtype, m: int, h: int, i: int
 
 def _infer_plans_for(x: torch.Tensor, w_gate: torch.Tensor, key: tuple) -> tuple:
     """Both capture states' plans for ``key``, remembered; none for a call the general path must
-    check (x's features not w_gate's), and then nothing is remembered."""
+    check (w_gate not 2-D, x's features not w_gate's), and then nothing is remembered."""
+    if w_gate.dim() != 2 or x.dim() < 1:
+        return _NO_PLANS
     i, h = w_gate.shape
-    if x.dim() < 1 or x.shape[-1] != h or h == 0 or x.device.type not in ("cuda", "cpu"):
+    if x.shape[-1] != h or h == 0 or x.device.type not in ("cuda", "cpu"):
         return _NO_PLANS
     m = x.numel() // h
     plans = tuple(_infer_plan(x.device, x.dtype, m, h, i, capturing) for capturing in (0, 1))
