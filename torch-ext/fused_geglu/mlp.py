@@ -49,6 +49,18 @@ def _pick(device: torch.device, backend: str, m: int, h: int, i: int, capturing:
     return backend
 
 
+def _sm90_launch(m: int, h: int, device: torch.device, save_preact: bool, capturing: int | None,
+                 auto: bool) -> tuple[bool, str | None]:
+    """Whether the CUDA backend runs the CUTLASS gate+up GEMM at this size, and with which launch:
+    under the auto policy only where the policy names a launch; for a forced backend everywhere, with
+    the forced rules' launch where the policy names none (None: the op's own size heuristic). The
+    callers check first that the compiled op exists and takes these operands."""
+    launch = policy.sm90_mlp_launch(m, h, device, save_preact, capturing)
+    if launch is not None:
+        return True, launch
+    return (False, None) if auto else (True, policy.sm90_forced_launch(m, h, device))
+
+
 # Pointwise backends whose forward kernel may write h over gate: each element is read by the
 # thread (or program) that later overwrites it, loads first, and neither declares the operands
 # restrict (the C++ CPU loop does, so it gets its own buffer).
@@ -123,13 +135,12 @@ def _forward(x, w_gate, w_up, w_down, b_gate, b_up, b_down, approximate: str, sa
         tk_linear.linear_fwd(y, hid, w_down, b_down, "none", None, tile_counters=counters)
     elif backend == "cuda" and _dispatch.compiled_has("geglu_gateup_sm90", "cuda") \
             and sm90_weights.usable(x2, w_gate, w_up) \
-            and ((launch := policy.sm90_mlp_launch(m, h, device, save_preact, capturing)) is not None or not auto):
+            and (sm90 := _sm90_launch(m, h, device, save_preact, capturing, auto))[0]:
         # Hopper: CUTLASS gate+up GEMM with the GeGLU epilogue (the tile and tile order the policy
         # measured best at this size; where a forced backend runs it outside the policy's sizes, the
         # launch that lost least there, or the op's own heuristic), then cuBLAS down. Training also
         # takes gate/up from it.
-        if launch is None:
-            launch = policy.sm90_forced_launch(m, h, device)
+        launch = sm90[1]
         if save_preact or not _dispatch.compiled_has("geglu_mlp_sm90", "cuda"):
             hid, gate, up = sm90_weights.gateup_sm90(ops, x2, w_gate, w_up, b_gate, b_up, approximate, launch,
                                                      save_preact)
@@ -378,10 +389,8 @@ def _cpp_training_launch(x, w_gate, w_up, backend: str):
             or (auto and _geglu._pick(device, "auto", "bwd_inplace", m * i, True) != "cuda")):
         return None
     if _dispatch.compiled_has("geglu_gateup_sm90", "cuda") and sm90_weights.usable(x.view(m, h), w_gate, w_up):
-        launch = policy.sm90_mlp_launch(m, h, device, True, capturing)
-        if launch is not None or not auto:
-            if launch is None:
-                launch = policy.sm90_forced_launch(m, h, device)
+        run, launch = _sm90_launch(m, h, device, True, capturing, auto)
+        if run:
             return sm90_weights.parse_launch(launch), "cuda:sm90", "cuda"
     if auto and _geglu._pick(device, "auto", "fwd", m * i, True) != "cuda":
         return None
@@ -415,8 +424,8 @@ def _infer_plan(device: torch.device, dtype: torch.dtype, m: int, h: int, i: int
     # and strides are geglu_mlp_infer's to check (it declines, and the general path runs).
     if (_dispatch.compiled_has("geglu_mlp_sm90", "cuda") and dtype in (torch.bfloat16, torch.float16)
             and i % 8 == 0 and h % 8 == 0 and policy.device_capability(device) == (9, 0)):
-        launch = policy.sm90_mlp_launch(m, h, device, False, capturing)
-        if launch is not None:
+        run, launch = _sm90_launch(m, h, device, False, capturing, True)
+        if run:
             return ("cuda:sm90", *sm90_weights.parse_launch(launch))
     if _geglu._pick(device, "auto", "fwd", m * i, True) == "cuda" and _dispatch.compiled_has("geglu_mlp_gemm", "cuda"):
         return ("cuda+gemm", *_GEMM_POINTWISE)
