@@ -13,11 +13,9 @@
 // TMA descriptor it builds (two per launch here) unless the library links libcuda directly. The
 // entry point is process-wide, so it is looked up once: CUTLASS's call macro is pointed at a cached
 // copy before any header that uses it is read (this header comes first in every sm90 TU; the
-// adapter header is include-guarded, so its definition of the macro is not read again). The tiled
-// encode also goes through a per-thread table of the maps already made (tma_map_cache.h).
+// adapter header is include-guarded, so its definition of the macro is not read again).
 #include "cutlass/cuda_host_adapter.hpp"
 #if !defined(CUTLASS_ENABLE_DIRECT_CUDA_DRIVER_CALL) && !defined(__CUDACC_RTC__)
-#include "tma_map_cache.h"
 namespace fused_geglu_sm90::driver {
 #if (__CUDACC_VER_MAJOR__ > 12)
 #define FUSED_GEGLU_SM90_DRIVER_LOOKUP(func, ver, p, q) \
@@ -25,9 +23,9 @@ namespace fused_geglu_sm90::driver {
 #else
 #define FUSED_GEGLU_SM90_DRIVER_LOOKUP(func, ver, p, q) cudaGetDriverEntryPoint(#func, &p, cudaEnableDefault, &q)
 #endif
-// entry_<func>(): the driver's function, or nullptr where the lookup failed.
-#define FUSED_GEGLU_SM90_DRIVER_ENTRY(func, ver)                                           \
-  inline decltype(&::func) entry_##func() {                                                \
+#define FUSED_GEGLU_SM90_CACHED_DRIVER_CALL(func, ver)                                     \
+  template <typename... Args>                                                              \
+  CUresult call_##func(Args... args) {                                                     \
     static const auto pfn = [] {                                                           \
       void *p = nullptr;                                                                   \
       cudaDriverEntryPointQueryResult q{};                                                 \
@@ -38,21 +36,12 @@ namespace fused_geglu_sm90::driver {
       }                                                                                    \
       return reinterpret_cast<decltype(&::func)>(p); /* cuda.h declares it; not linked */ \
     }();                                                                                   \
-    return pfn;                                                                            \
+    return pfn != nullptr ? pfn(args...) : CUDA_ERROR_UNKNOWN;                             \
   }
-FUSED_GEGLU_SM90_DRIVER_ENTRY(cuTensorMapEncodeTiled, 12000)
-FUSED_GEGLU_SM90_DRIVER_ENTRY(cuTensorMapEncodeIm2col, 12000)
-#undef FUSED_GEGLU_SM90_DRIVER_ENTRY
+FUSED_GEGLU_SM90_CACHED_DRIVER_CALL(cuTensorMapEncodeTiled, 12000)
+FUSED_GEGLU_SM90_CACHED_DRIVER_CALL(cuTensorMapEncodeIm2col, 12000)
+#undef FUSED_GEGLU_SM90_CACHED_DRIVER_CALL
 #undef FUSED_GEGLU_SM90_DRIVER_LOOKUP
-template <typename... Args>
-CUresult call_cuTensorMapEncodeTiled(Args... args) {
-  return encode_tiled_cached(entry_cuTensorMapEncodeTiled(), args...);
-}
-template <typename... Args>
-CUresult call_cuTensorMapEncodeIm2col(Args... args) {
-  const auto pfn = entry_cuTensorMapEncodeIm2col();
-  return pfn != nullptr ? pfn(args...) : CUDA_ERROR_UNKNOWN;
-}
 }  // namespace fused_geglu_sm90::driver
 #undef CUTLASS_CUDA_DRIVER_WRAPPER_CALL
 #define CUTLASS_CUDA_DRIVER_WRAPPER_CALL(func) ::fused_geglu_sm90::driver::call_##func
