@@ -254,6 +254,31 @@ def test_sm90_forced_launch(policy, monkeypatch):
     assert policy.sm90_forced_launch(1025, 2048, cuda) is None
 
 
+def test_mlp_runs_cutlass_where_the_policy_or_a_forced_backend_says(kernel, policy, monkeypatch):
+    """``mlp._sm90_launch``, the decision the MLP's forward, its C++ training-node plan and its
+    no-graph inference plan share: under the auto policy the CUTLASS gate+up GEMM runs only where
+    the policy names a launch, and with that launch; a forced backend runs it everywhere, with the
+    policy's launch, else the forced rules' one, else None (the op's own heuristic)."""
+    mlp = importlib.import_module(kernel.__name__ + ".mlp")
+    monkeypatch.delenv("FUSED_GEGLU_SM90_MLP", raising=False)
+    monkeypatch.setattr(policy, "device_capability", lambda device: (9, 0))
+    cuda = torch.device("cuda", 0)
+    for m, h, train in ((8192, 2048, False), (8192, 3584, True), (16, 2048, False), (1024, 1152, True)):
+        want = policy.sm90_mlp_launch(m, h, cuda, train, 0)
+        assert want is not None, (m, h, train)
+        for auto in (True, False):
+            assert mlp._sm90_launch(m, h, cuda, train, 0, auto) == (True, want)
+    # Sizes the auto rules leave to cuBLAS + pointwise: a Gemma2-9B width off the 128-row grid, and
+    # a width below every rule.
+    assert policy.sm90_mlp_launch(1025, 3584, cuda, False, 0) is None
+    assert mlp._sm90_launch(1025, 3584, cuda, False, 0, True) == (False, None)
+    assert mlp._sm90_launch(1025, 3584, cuda, False, 0, False) == (True, policy.sm90_forced_launch(1025, 3584, cuda))
+    assert policy.sm90_forced_launch(1025, 3584, cuda) is not None
+    assert policy.sm90_mlp_launch(1000, 768, cuda, False, 0) is None
+    assert mlp._sm90_launch(1000, 768, cuda, False, 0, True) == (False, None)
+    assert mlp._sm90_launch(1000, 768, cuda, False, 0, False) == (True, None)
+
+
 def test_sm90_dh_launch(kernel, monkeypatch):
     """The dh kernel's launch: the policy's choice, and $FUSED_GEGLU_SM90_DH over it (``0`` = off)."""
     sm90 = importlib.import_module(kernel.__name__ + ".sm90_weights")
