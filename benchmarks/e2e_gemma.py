@@ -4,8 +4,12 @@ against the same model unkernelized and under torch.compile, forward and trainin
     python benchmarks/e2e_gemma.py --out DIR [--layers 4] [--batch 4] [--seq 1024] [--reps 10] [--rounds 3]
                                    [--no-compile] [--hidden 2048 --intermediate 16384]
 
-Eager and kernelized are two copies of one model (the same weights), timed in alternating rounds;
-each row's peak memory is taken from a base without gradients.
+Four providers, each a copy of one model (the same weights): ``eager``, ``kernelized`` (fused-geglu's
+kernelize), ``compile`` (``torch.compile`` of the whole unkernelized model) and ``kernelized+compile``
+(kernelize with ``Mode.TORCH_COMPILE``, then ``torch.compile`` of the whole model: what a user who
+compiles anyway gets from the kernel). They are timed in two pairs, eager against kernelized and
+compile against kernelized+compile, each pair in alternating rounds so that the paired difference per
+round is free of the host's drift; each row's peak memory is taken from a base without gradients.
 
 ``--batch 1 --seq 16 --reps 50`` is a decode-sized step without CUDA graphs, where the host's time per
 module call decides.
@@ -171,6 +175,9 @@ def main() -> int:
     p.add_argument("--rounds", type=int, default=3,
                    help="eager and kernelized rows alternate over this many rounds (the host drifts between rows)")
     p.add_argument("--no-compile", action="store_true", help="leave out the torch.compile rows")
+    p.add_argument("--compile-mode", default=None,
+                   help="torch.compile's mode for both compiled rows (reduce-overhead: CUDA graphs, the decode form)")
+    p.add_argument("--modes", default="fwd,train", help="which steps to time: fwd, train or both")
     p.add_argument("--host-profile", action="store_true",
                    help="also: host time inside each MLP module's call (forward hooks), and a torch.profiler "
                         "table of one forward, eager and kernelized")
@@ -208,7 +215,7 @@ def main() -> int:
     def measure(name, m, mode_train, rnd=0):
         m.train(mode_train)
         fn = train(m) if mode_train else fwd(m)
-        for other in (model, kernelized):  # no gradients left from an earlier row in the peak's base
+        for other in providers.values():  # no gradients left from an earlier row in the peak's base
             other.zero_grad(set_to_none=True)
         torch.cuda.reset_peak_memory_stats()
         base = torch.cuda.memory_allocated()
@@ -218,46 +225,75 @@ def main() -> int:
         rows.append({"provider": name, "mode": mode, "round": rnd, "median_ms": ms, "peak_mb_above_start": peak})
         print(f"{name:22} {mode:6} round {rnd} {ms:9.2f} ms  peak +{peak:8.1f} MB", flush=True)
 
+    def logits_error(m):
+        m.eval()
+        with torch.no_grad():
+            return float((m(input_ids=ids).logits.float() - ref_logits).norm() / ref_logits.norm())
+
+    def kernelize_for(m, train_mode, compiled):
+        mode = Mode.TRAINING if train_mode else Mode.INFERENCE
+        m.train(train_mode)
+        return str(kernelize(m, mode=mode | Mode.TORCH_COMPILE if compiled else mode, device="cuda", source="hub"))
+
     model.eval()
     with torch.no_grad():
         ref_logits = model(input_ids=ids).logits.float()
-    report, err = {}, None
-    for train_mode in (False, True):
+    providers = {"eager": model, "kernelized": kernelized}
+    pairs = [("eager", "kernelized")]
+    kernel_compiled = None
+    if not args.no_compile:
+        # One dynamo cache entry per model copy, mode and call form: more than the default limit of 8.
+        torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 64)
+        kernel_compiled = copy.deepcopy(model)
+        providers["compile"] = torch.compile(model, mode=args.compile_mode)  # unkernelized: the baseline to beat
+        providers["kernelized+compile"] = torch.compile(kernel_compiled, mode=args.compile_mode)
+        pairs.append(("compile", "kernelized+compile"))
+    report, errors, compile_s = {}, {}, {}
+    modes = [m for m in ("fwd", "train") if m in args.modes.split(",")]
+    for train_mode in [m == "train" for m in modes]:
         mode = "train" if train_mode else "fwd"
-        kernelized.train(train_mode)
-        report[mode] = str(kernelize(kernelized, mode=Mode.TRAINING if train_mode else Mode.INFERENCE, device="cuda",
-                                     source="hub"))
-        if not train_mode:
-            kernelized.eval()
-            with torch.no_grad():
-                err = float((kernelized(input_ids=ids).logits.float() - ref_logits).norm() / ref_logits.norm())
-            print(f"kernelized logits rel. diff vs unkernelized (bf16): {err:.3e}")
-        for rnd in range(args.rounds):
-            pair = (("eager", model), ("kernelized", kernelized))
-            for name, m in (pair if rnd % 2 == 0 else pair[::-1]):
-                measure(name, m, train_mode, rnd)
+        report[mode] = kernelize_for(kernelized, train_mode, compiled=False)
+        if kernel_compiled is not None:
+            report[mode + "+compile"] = kernelize_for(kernel_compiled, train_mode, compiled=True)
+        for first, second in pairs:
+            if first == "compile":  # the first call compiles: its time is reported, not measured
+                for name in (first, second):
+                    m = providers[name]
+                    m.train(train_mode)
+                    t0 = time.time()
+                    (train(m) if train_mode else fwd(m))()
+                    torch.cuda.synchronize()
+                    compile_s[f"{name}/{mode}"] = time.time() - t0
+                print(f"first calls (compile) {mode}: " + ", ".join(
+                    f"{k.split('/')[0]} {v:.1f} s" for k, v in compile_s.items() if k.endswith(mode)), flush=True)
+            for rnd in range(args.rounds):
+                pair = (first, second) if rnd % 2 == 0 else (second, first)
+                for name in pair:
+                    measure(name, providers[name], train_mode, rnd)
+        if not train_mode:  # after the forward rows, so that the compiled forwards' first call was timed above
+            errors = {name: logits_error(m) for name, m in providers.items() if name != "eager"}
+            print("logits rel. diff vs unkernelized eager (bf16): "
+                  + ", ".join(f"{k} {v:.3e}" for k, v in errors.items()))
     fwd.m = args.batch * args.seq  # rows of each MLP call, for _host_profile's raw-op variant
     profile = _host_profile(torch, fwd, model, kernelized) if args.host_profile else None
-    compile_s = None
-    if not args.no_compile:
-        t0 = time.time()
-        compiled = torch.compile(model)  # compile of the unkernelized model: the baseline to beat
-        for train_mode in (False, True):
-            measure("compile", compiled, train_mode)
-        compile_s = time.time() - t0
     summary = {}
-    for mode in ("fwd", "train"):
+    for mode in modes:
         per = {name: [r["median_ms"] for r in rows if r["provider"] == name and r["mode"] == mode]
-               for name in ("eager", "kernelized", "compile")}
+               for name in providers}
         summary[mode] = {name: statistics.median(v) for name, v in per.items() if v}
-        paired = [k - e for k, e in zip(per["kernelized"], per["eager"])]
-        summary[mode]["kernelized_minus_eager_ms_by_round"] = paired
         # The paired difference is what to read on a noisy host: the two run back to back in each round.
-        summary[mode]["kernelized_minus_eager_ms_median"] = statistics.median(paired) if paired else None
+        for first, second in pairs:
+            paired = [b - a for b, a in zip(per[second], per[first])]
+            summary[mode][f"{second}_minus_{first}_ms_by_round"] = paired
+            summary[mode][f"{second}_minus_{first}_ms_median"] = statistics.median(paired) if paired else None
         print(f"{mode}: median over rounds " + ", ".join(f"{k} {v:.3f} ms" for k, v in summary[mode].items()
-                                                         if not k.startswith("kernelized_minus"))
-              + (f"; paired kernelized - eager {summary[mode]['kernelized_minus_eager_ms_median']:+.3f} ms"
-                 if summary[mode]["kernelized_minus_eager_ms_median"] is not None else ""))
+                                                         if k in providers)
+              + "".join(f"; paired {b} - {a} {summary[mode][f'{b}_minus_{a}_ms_median']:+.3f} ms"
+                        for a, b in pairs if summary[mode][f"{b}_minus_{a}_ms_median"] is not None))
+    # Graph breaks split the compiled model around an op dynamo cannot trace; there should be none.
+    breaks = {} if args.no_compile else {k: v for k, v in torch._dynamo.utils.counters["graph_break"].items()}
+    if breaks:
+        print(f"graph breaks: {breaks}")
     import triton
     import transformers
 
@@ -265,12 +301,14 @@ def main() -> int:
            "triton": triton.__version__, "transformers": transformers.__version__,
            "commit": os.environ.get("FUSED_GEGLU_COMMIT")}
     payload = {"config": {"hidden": args.hidden, "intermediate": args.intermediate, "layers": args.layers, "batch": args.batch,
-                          "seq": args.seq, "dtype": "bfloat16", "reps": args.reps, "rounds": args.rounds},
+                          "seq": args.seq, "dtype": "bfloat16", "reps": args.reps, "rounds": args.rounds,
+                          "compile_mode": args.compile_mode, "modes": modes},
                "env": env, "compile_s": compile_s, "kernelize": report,
-               "logits_rel_diff": err, "summary": summary, "rows": rows, "host_profile": profile}
+               "logits_rel_diff": errors, "graph_breaks": breaks, "summary": summary, "rows": rows, "host_profile": profile}
     args.out.mkdir(parents=True, exist_ok=True)
     width = "gemma2b" if (args.hidden, args.intermediate) == (2048, 16384) else f"h{args.hidden}i{args.intermediate}"
-    path = args.out / f"e2e-{width}-{time.strftime('%Y%m%d')}-b{args.batch}s{args.seq}.json"
+    tag = f"-{args.compile_mode}" if args.compile_mode else ""
+    path = args.out / f"e2e-{width}-{time.strftime('%Y%m%d')}-b{args.batch}s{args.seq}{tag}.json"
     path.write_text(json.dumps(payload, indent=1))
     print(f"wrote {path}")
     return 0
