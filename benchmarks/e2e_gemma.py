@@ -52,6 +52,24 @@ def _median_ms(fn, reps: int = 10, warmup: int = 3) -> float:
     return sorted(times)[len(times) // 2]
 
 
+def _kernel_profile(torch, fn, steps: int = 3) -> dict:
+    """GPU time by kernel name over ``steps`` calls of ``fn`` (after two unprofiled calls), per step."""
+    for _ in range(2):
+        fn()
+    torch.cuda.synchronize()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        for _ in range(steps):
+            fn()
+        torch.cuda.synchronize()
+    by_kernel = {}
+    for e in prof.events():
+        if e.device_type == torch.autograd.DeviceType.CUDA:
+            n, us = by_kernel.get(e.name, (0, 0.0))
+            by_kernel[e.name] = (n + 1, us + e.device_time_total)
+    top = sorted(((k, n // steps, us / steps) for k, (n, us) in by_kernel.items()), key=lambda t: -t[2])
+    return {"gpu_ms": sum(t[2] for t in top) / 1e3, "kernels": sum(t[1] for t in top), "top": top[:25]}
+
+
 def _host_profile(torch, fwd, model, kernelized, calls: int = 30) -> dict:
     """Where a forward's host time goes: eager, kernelized, and a third copy whose MLP forward calls
     the kernel's ``geglu_mlp`` directly (no layer), all in eval mode. Per variant:
@@ -178,6 +196,8 @@ def main() -> int:
     p.add_argument("--compile-mode", default=None,
                    help="torch.compile's mode for both compiled rows (reduce-overhead: CUDA graphs, the decode form)")
     p.add_argument("--modes", default="fwd,train", help="which steps to time: fwd, train or both")
+    p.add_argument("--kernel-profile", action="store_true",
+                   help="also: one profiled step per provider and mode, its GPU time by kernel (top 25)")
     p.add_argument("--host-profile", action="store_true",
                    help="also: host time inside each MLP module's call (forward hooks), and a torch.profiler "
                         "table of one forward, eager and kernelized")
@@ -248,7 +268,7 @@ def main() -> int:
         providers["compile"] = torch.compile(model, mode=args.compile_mode)  # unkernelized: the baseline to beat
         providers["kernelized+compile"] = torch.compile(kernel_compiled, mode=args.compile_mode)
         pairs.append(("compile", "kernelized+compile"))
-    report, errors, compile_s = {}, {}, {}
+    report, errors, compile_s, kernel_profile = {}, {}, {}, {}
     modes = [m for m in ("fwd", "train") if m in args.modes.split(",")]
     for train_mode in [m == "train" for m in modes]:
         mode = "train" if train_mode else "fwd"
@@ -270,6 +290,13 @@ def main() -> int:
                 pair = (first, second) if rnd % 2 == 0 else (second, first)
                 for name in pair:
                     measure(name, providers[name], train_mode, rnd)
+        if args.kernel_profile:
+            for name, m in providers.items():
+                m.train(train_mode)
+                kernel_profile[f"{name}/{mode}"] = _kernel_profile(torch, train(m) if train_mode else fwd(m))
+                top = kernel_profile[f"{name}/{mode}"]
+                print(f"{name} {mode}: GPU {top['gpu_ms']:.2f} ms in {top['kernels']} kernels; top: "
+                      + "; ".join(f"{k[:60]} x{n} {us:.0f} us" for k, n, us in top["top"][:6]), flush=True)
         if not train_mode:  # after the forward rows, so that the compiled forwards' first call was timed above
             errors = {name: logits_error(m) for name, m in providers.items() if name != "eager"}
             print("logits rel. diff vs unkernelized eager (bf16): "
@@ -304,7 +331,8 @@ def main() -> int:
                           "seq": args.seq, "dtype": "bfloat16", "reps": args.reps, "rounds": args.rounds,
                           "compile_mode": args.compile_mode, "modes": modes},
                "env": env, "compile_s": compile_s, "kernelize": report,
-               "logits_rel_diff": errors, "graph_breaks": breaks, "summary": summary, "rows": rows, "host_profile": profile}
+               "logits_rel_diff": errors, "graph_breaks": breaks, "kernel_profile": kernel_profile,
+               "summary": summary, "rows": rows, "host_profile": profile}
     args.out.mkdir(parents=True, exist_ok=True)
     width = "gemma2b" if (args.hidden, args.intermediate) == (2048, 16384) else f"h{args.hidden}i{args.intermediate}"
     tag = f"-{args.compile_mode}" if args.compile_mode else ""
