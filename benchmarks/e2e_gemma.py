@@ -53,21 +53,29 @@ def _median_ms(fn, reps: int = 10, warmup: int = 3) -> float:
 
 
 def _kernel_profile(torch, fn, steps: int = 3) -> dict:
-    """GPU time by kernel name over ``steps`` calls of ``fn`` (after two unprofiled calls), per step."""
+    """Over ``steps`` calls of ``fn`` (after two unprofiled calls), per step: GPU time by kernel name,
+    and the host's self time by op (CPU events: ATen ops, Python custom ops, autograd nodes)."""
     for _ in range(2):
         fn()
     torch.cuda.synchronize()
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+    acts = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
+    with torch.profiler.profile(activities=acts) as prof:
         for _ in range(steps):
             fn()
         torch.cuda.synchronize()
-    by_kernel = {}
+    by_kernel, by_host = {}, {}
     for e in prof.events():
-        if e.device_type == torch.autograd.DeviceType.CUDA:
-            n, us = by_kernel.get(e.name, (0, 0.0))
-            by_kernel[e.name] = (n + 1, us + e.device_time_total)
-    top = sorted(((k, n // steps, us / steps) for k, (n, us) in by_kernel.items()), key=lambda t: -t[2])
-    return {"gpu_ms": sum(t[2] for t in top) / 1e3, "kernels": sum(t[1] for t in top), "top": top[:25]}
+        table, us = ((by_kernel, e.device_time_total) if e.device_type == torch.autograd.DeviceType.CUDA
+                     else (by_host, e.self_cpu_time_total))
+        n, total = table.get(e.name, (0, 0.0))
+        table[e.name] = (n + 1, total + us)
+
+    def top(table):
+        return sorted(((k, n // steps, us / steps) for k, (n, us) in table.items()), key=lambda t: -t[2])
+
+    kernels, host = top(by_kernel), top(by_host)
+    return {"gpu_ms": sum(t[2] for t in kernels) / 1e3, "kernels": sum(t[1] for t in kernels), "top": kernels[:25],
+            "host_self_ms": sum(t[2] for t in host) / 1e3, "host_top": host[:40]}
 
 
 def _host_profile(torch, fwd, model, kernelized, calls: int = 30) -> dict:
@@ -297,6 +305,8 @@ def main() -> int:
                 top = kernel_profile[f"{name}/{mode}"]
                 print(f"{name} {mode}: GPU {top['gpu_ms']:.2f} ms in {top['kernels']} kernels; top: "
                       + "; ".join(f"{k[:60]} x{n} {us:.0f} us" for k, n, us in top["top"][:6]), flush=True)
+                print(f"{name} {mode}: host self {top['host_self_ms']:.2f} ms (profiled); top: "
+                      + "; ".join(f"{k[:50]} x{n} {us:.0f} us" for k, n, us in top["host_top"][:12]), flush=True)
         if not train_mode:  # after the forward rows, so that the compiled forwards' first call was timed above
             errors = {name: logits_error(m) for name, m in providers.items() if name != "eager"}
             print("logits rel. diff vs unkernelized eager (bf16): "
