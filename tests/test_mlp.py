@@ -684,6 +684,47 @@ def test_cublas_training_takes_one_compiled_call_each_way(kernel, monkeypatch):
     assert torch.allclose(y, ref.float(), rtol=1e-4, atol=1e-4) and torch.allclose(gate, F.linear(x.view(m, h), wg, bg))
 
 
+@pytest.mark.parametrize("backend", ["auto", *BACKENDS])
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("one_call", [True, False], ids=["one_call_size", "above_bound"])
+def test_traced_backward_keeps_the_saved_preactivations(kernel, device, monkeypatch, backend, dtype, one_call):
+    """The functional backward (``geglu_mlp_bwd_op``, what a compiled training step runs) leaves the
+    saved gate/up as they were and gives the bits of the eager backward, which overwrites them with
+    their gradients in place. Above the one-call bound it writes the gradients to buffers of their
+    own in one pass: no copy of gate/up first (``aten::clone``), which cost a compiled Gemma training
+    step 2 x M x I copies per layer."""
+    if backend != "auto":
+        _skip_unless(kernel, device, backend, dtype)
+    elif device == "cpu" and dtype == torch.bfloat16:
+        pytest.skip("auto on CPU may pick the interpreted Triton kernel, which mis-computes bf16")
+    mlp = importlib.import_module(kernel.__name__ + ".mlp")
+    monkeypatch.delenv("FUSED_GEGLU_BACKEND", raising=False)
+    m, h, i = 37, 48, 200
+    if not one_call:
+        monkeypatch.setattr(mlp, "ONE_CALL_BWD_MAX_ELEMS", m * i - 1)
+    x = randn(m, h, dtype=dtype, device=device)
+    wg, wu, wd, bg, bu, bd = [p.detach() for p in _params(h, i, dtype, device, True)]
+    gate, up = F.linear(x, wg, bg), F.linear(x, wu, bu)
+    kept = [gate.clone(), up.clone()]
+    dy = randn(m, h, dtype=dtype, device=device)
+    op = getattr(torch.ops, kernel.OPS_ID).geglu_mlp_bwd_op
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        traced = op(dy, x, wg, wu, wd, bg, bu, gate, up, "tanh", False, True, backend)
+    assert torch.equal(gate, kept[0]) and torch.equal(up, kept[1]), "the saved gate/up were overwritten"
+    eager = mlp._mlp_backward(dy, x, wg, wu, wd, bg, bu, [kept[0].clone(), kept[1].clone()], "tanh", False, True,
+                              backend, inplace=True)
+    names = ["dx", "dW_gate", "dW_up", "dW_down", "db_gate", "db_up", "db_down"]
+    for name, a, b in zip(names, traced, eager):
+        assert torch.equal(a, b), f"{name}: the traced backward differs from the in-place one"
+    if not one_call:
+        clones = [e.key for e in prof.key_averages() if e.key == "aten::clone"]
+        assert not clones, "gate/up were copied before the backward's pointwise"
+    if backend == "cuda" and device == "cuda":  # the kernel refuses gradients written over its inputs
+        ops = getattr(torch.ops, kernel.OPS_ID)
+        with pytest.raises(RuntimeError, match="overlap"):
+            ops.geglu_bwd_h(gate, torch.empty_like(up), torch.empty_like(gate), gate, up, 1)
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("biases", ["all", "up_only", "none"])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32], ids=str)

@@ -60,6 +60,11 @@ TORCH_LIBRARY_EXPAND(TORCH_EXTENSION_NAME, ops) {
   // grad_out <- h = gelu(gate) * up, element by element in place (no new M x I buffers).
   ops.def("geglu_bwd_inplace(Tensor(a!) gate, Tensor(b!) up, Tensor(c!) grad_out, int approximate) -> ()");
   ops.impl("geglu_bwd_inplace", c10::kCUDA, &geglu_bwd_inplace);
+  // The same with the gradients in buffers of their own (gate/up kept): a traced backward's form.
+  ops.def(
+      "geglu_bwd_h(Tensor(a!) grad_gate, Tensor(b!) grad_up, Tensor(c!) grad_out, Tensor gate, Tensor up, "
+      "int approximate) -> ()");
+  ops.impl("geglu_bwd_h", c10::kCUDA, &geglu_bwd_h);
   // The inference MLP forward with cuBLAS GEMMs around geglu_fwd (h over gate), in one call.
   ops.def(
       "geglu_mlp_gemm(Tensor x, Tensor w_gate, Tensor w_up, Tensor w_down, Tensor? b_gate, Tensor? b_up, "

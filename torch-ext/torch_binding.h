@@ -60,6 +60,10 @@ at::Tensor geglu_mlp_infer_decline(at::Tensor const &x, at::Tensor const &w_gate
 // In place: gate <- grad_out * up * gelu'(gate), up <- grad_out * gelu(gate),
 // grad_out <- gelu(gate) * up (the h the down projection's weight gradient needs).
 void geglu_bwd_inplace(at::Tensor &gate, at::Tensor &up, at::Tensor &grad_out, int64_t approximate);
+// The same into separate gradient buffers (gate/up unchanged): grad_gate, grad_up <- the gradients,
+// grad_out <- h.
+void geglu_bwd_h(at::Tensor &grad_gate, at::Tensor &grad_up, at::Tensor &grad_out, at::Tensor const &gate,
+                 at::Tensor const &up, int64_t approximate);
 // The MLP's inference forward with cuBLAS GEMMs (ATen linear) around geglu_fwd, h written over
 // gate: y[M,H] = (gelu(x w_gate^T + b_gate) * (x w_up^T + b_up)) w_down^T + b_down.
 at::Tensor geglu_mlp_gemm(at::Tensor const &x, at::Tensor const &w_gate, at::Tensor const &w_up,

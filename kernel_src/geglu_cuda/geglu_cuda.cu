@@ -532,6 +532,27 @@ void geglu_bwd(at::Tensor &grad_gate, at::Tensor &grad_up, at::Tensor const &gra
   dispatch_bwd<false>(grad_gate, grad_up, nullptr, grad_out, gate, up, approximate);
 }
 
+void geglu_bwd_h(at::Tensor &grad_gate, at::Tensor &grad_up, at::Tensor &grad_out, at::Tensor const &gate,
+                 at::Tensor const &up, int64_t approximate) {
+  constexpr const char *op = "geglu_bwd_h";
+  check_common(op, gate, approximate);
+  check_operand(op, "gate", gate, gate);
+  check_operand(op, "up", up, gate);
+  check_operand(op, "grad_out", grad_out, gate);
+  check_operand(op, "grad_gate", grad_gate, gate);
+  check_operand(op, "grad_up", grad_up, gate);
+  // grad_out is read and overwritten with h element by element; the gradients go to buffers of their
+  // own, so gate and up are left as they were (a traced graph may read them again).
+  for (const at::Tensor *t : std::initializer_list<const at::Tensor *>{&grad_up, &grad_out, &gate, &up})
+    at::assert_no_overlap(grad_gate, *t);
+  for (const at::Tensor *t : std::initializer_list<const at::Tensor *>{&grad_out, &gate, &up})
+    at::assert_no_overlap(grad_up, *t);
+  at::assert_no_overlap(grad_out, gate);
+  at::assert_no_overlap(grad_out, up);
+  // grad_gate <- dgate, grad_up <- dup, grad_out <- h = gelu(gate) * up.
+  dispatch_bwd<true>(grad_gate, grad_up, &grad_out, grad_out, gate, up, approximate);
+}
+
 void geglu_bwd_inplace(at::Tensor &gate, at::Tensor &up, at::Tensor &grad_out, int64_t approximate) {
   constexpr const char *op = "geglu_bwd_inplace";
   check_common(op, gate, approximate);

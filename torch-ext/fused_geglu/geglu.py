@@ -83,6 +83,29 @@ def _bwd_into(dgate2, dup2, grad2, gate2, up2, approximate: str, backend: str) -
         dup2.copy_(dy * gelu(g, approximate))
 
 
+def _bwd_h(dgate2, dup2, grad2, gate2, up2, approximate: str, backend: str) -> None:
+    """The training MLP's backward pointwise where gate/up must stay as they are (a traced graph's
+    values): dgate2, dup2 <- the gradients, grad2 <- h in place. One pass over the three inputs,
+    where copying gate/up first and running the in-place kernel would be two."""
+    if grad2.shape[0] == 0:
+        return
+    if backend == "cuda" and _dispatch.compiled_has("geglu_bwd_h", "cuda"):
+        ops.geglu_bwd_h(dgate2, dup2, grad2, gate2, up2, _APPROX_CODE[approximate])
+    elif backend == "triton":
+        from .triton_kernels import geglu as tk
+
+        tk.geglu_bwd_h(dgate2, dup2, grad2, gate2, up2, approximate)
+    elif backend == "cuda":  # a library built before geglu_bwd_h: copies, then the in-place kernel
+        dgate2.copy_(gate2)
+        dup2.copy_(up2)
+        _bwd_inplace(dgate2, dup2, grad2, approximate, backend)
+    else:
+        h = torch.empty_like(grad2)
+        _fwd_into(h, gate2, up2, approximate, backend)
+        _bwd_into(dgate2, dup2, grad2, gate2, up2, approximate, backend)
+        grad2.copy_(h)
+
+
 def _bwd_inplace(gate2, up2, grad2, approximate: str, backend: str) -> None:
     """The training MLP's backward pointwise, in place: gate2 <- dgate, up2 <- dup, grad2 <- h.
     Saves the three M x I buffers a separate backward + recomputed h would allocate."""

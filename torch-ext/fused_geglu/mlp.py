@@ -183,7 +183,8 @@ def _mlp_backward(grad_y, x, w_gate, w_up, w_down, b_gate, b_up, preact: list, a
     """The backward. ``preact`` is ``[gate, up]``, the saved pre-activations; the list is emptied
     so that this function holds the only references it was given. ``inplace``: overwrite gate/up
     with their gradients and free each as soon as its last GEMM has read it (eager autograd only,
-    see ``_backward``); otherwise work on copies."""
+    see ``_backward``); otherwise leave them as they are (a traced graph's values) and write the
+    gradients to buffers of their own."""
     gate, up = preact
     preact.clear()
     x2, dy = rows(x), rows(grad_y)
@@ -198,10 +199,11 @@ def _mlp_backward(grad_y, x, w_gate, w_up, w_down, b_gate, b_up, preact: list, a
         return (torch.empty_like(x), *zeros, *biases)
     # Order and aliasing keep the peak at three M x I buffers (the saved gate/up and one more):
     # dgate / dup overwrite gate / up in place, and h is written over the buffer it is made from.
+    # Where gate/up must be kept (``fresh``), the kernels that can write the gradients elsewhere do
+    # (one pass, no copies: the compiled training step's backward); the others get copies.
+    fresh = not inplace and not recompute
     if recompute:
         gate = up = None  # the placeholders; fresh buffers below
-    elif not inplace:
-        gate, up = gate.clone(), up.clone()
     if backend == "triton":
         from .triton_kernels import mlp as tk_mlp
 
@@ -210,8 +212,9 @@ def _mlp_backward(grad_y, x, w_gate, w_up, w_down, b_gate, b_up, preact: list, a
             gate = torch.empty((m, i), dtype=dt, device=dev)
             up = torch.empty((m, i), dtype=dt, device=dev)
             tk_mlp.gateup_fwd(hid, x2, w_gate, w_up, b_gate, b_up, approximate, gate, up)
-        # dh stays on chip; its epilogue turns gate/up into dgate/dup in place and re-emits h.
-        tk_mlp.dh_bwd(gate, up, None if recompute else hid, dy, w_down, gate, up, approximate)
+        dgate, dup = (torch.empty_like(gate), torch.empty_like(up)) if fresh else (gate, up)
+        # dh stays on chip; its epilogue writes dgate/dup (over gate/up unless fresh) and re-emits h.
+        tk_mlp.dh_bwd(dgate, dup, None if recompute else hid, dy, w_down, gate, up, approximate)
         _dispatch.record("geglu_mlp_backward", "triton")
     else:
         if recompute:
@@ -221,30 +224,40 @@ def _mlp_backward(grad_y, x, w_gate, w_up, w_down, b_gate, b_up, preact: list, a
         if launch is not None and not (_dispatch.compiled_has("geglu_dh_sm90", "cuda")
                                        and sm90_weights.dh_usable(dy, w_down, gate, up)):
             launch = None
+        pointwise = None
+        if launch is None:
+            # As in the forward: under the auto policy the pointwise is whichever measured faster.
+            pointwise = _geglu._pick(dev, "auto", "bwd_inplace", m * i, True) \
+                if requested == "auto" and backend == "cuda" else backend
+        one_call = (pointwise == "cuda" and ONE_CALL and m * i <= ONE_CALL_BWD_MAX_ELEMS
+                    and _dispatch.compiled_has("geglu_mlp_gemm_bwd", "cuda"))
+        if fresh and (launch is not None or one_call):
+            gate, up = gate.clone(), up.clone()  # these two only work in place
         if launch is not None:
             # Hopper: dh = dy @ w_down stays in registers; the GEMM's epilogue turns gate/up into
             # dgate/dup in place and writes h (kernel_src/gemm_sm90/geglu_dh_sm90.h).
             hid = torch.empty((m, i), dtype=dt, device=dev)
             ops.geglu_dh_sm90(gate, up, hid, dy, w_down, 0 if approximate == "none" else 1, *launch)
+            dgate, dup = gate, up
+        elif one_call:
+            # The sequence below from one compiled call (same kernels, same order, same bits).
+            dx, *grads = ops.geglu_mlp_gemm_bwd(dy, x2, w_gate, w_up, w_down, gate, up,
+                                                0 if approximate == "none" else 1, b_gate is not None,
+                                                b_up is not None, has_b_down)
+            _dispatch.record("geglu_mlp_backward", "cuda")
+            return (dx.view(x.shape), *grads)
         else:
-            # As in the forward: under the auto policy the pointwise is whichever measured faster.
-            pointwise = _geglu._pick(dev, "auto", "bwd_inplace", m * i, True) \
-                if requested == "auto" and backend == "cuda" else backend
-            if pointwise == "cuda" and ONE_CALL and m * i <= ONE_CALL_BWD_MAX_ELEMS \
-                    and _dispatch.compiled_has("geglu_mlp_gemm_bwd", "cuda"):
-                # The sequence below from one compiled call (same kernels, same order, same bits).
-                dx, *grads = ops.geglu_mlp_gemm_bwd(dy, x2, w_gate, w_up, w_down, gate, up,
-                                                    0 if approximate == "none" else 1, b_gate is not None,
-                                                    b_up is not None, has_b_down)
-                _dispatch.record("geglu_mlp_backward", "cuda")
-                return (dx.view(x.shape), *grads)
-            hid = dy @ w_down  # dh, turned into h by the in-place pointwise below
-            _geglu._bwd_inplace(gate, up, hid, approximate, pointwise)
+            hid = dy @ w_down  # dh, turned into h by the pointwise below
+            if fresh:
+                dgate, dup = torch.empty_like(gate), torch.empty_like(up)
+                _geglu._bwd_h(dgate, dup, hid, gate, up, approximate, pointwise)
+            else:
+                _geglu._bwd_inplace(gate, up, hid, approximate, pointwise)
+                dgate, dup = gate, up
         _dispatch.record("geglu_mlp_backward", "cuda:sm90" if launch is not None else backend)
+    del gate, up  # dgate/dup hold the buffers still needed (the same ones unless fresh)
     d_w_down = dy.t() @ hid
     del hid
-    dgate, dup = gate, up
-    del gate, up
     dx = dgate @ w_gate
     dx.addmm_(dup, w_up)
     # Each M x I gradient goes as soon as its last reader has run: with all three weight

@@ -183,6 +183,16 @@ def geglu_bwd_inplace(gate: torch.Tensor, up: torch.Tensor, grad_out: torch.Tens
     _launch_bwd(gate, up, grad_out, grad_out, gate, up, act)
 
 
+def geglu_bwd_h(grad_gate: torch.Tensor, grad_up: torch.Tensor, grad_out: torch.Tensor, gate: torch.Tensor,
+                up: torch.Tensor, approximate: str) -> None:
+    """grad_gate, grad_up <- the gradients (buffers of their own: gate/up stay as they are), and
+    grad_out <- h = gelu(gate) * up in place."""
+    act = act_from_approximate(approximate)
+    if gate.shape[0] == 0 or gate.shape[1] == 0:
+        return
+    _launch_bwd(grad_gate, grad_up, grad_out, grad_out, gate, up, act)
+
+
 def _launch_bwd(grad_gate, grad_up, h, grad_out, gate, up, act: int) -> None:
     m, n = gate.shape
     if _flat(grad_gate, grad_up, h, grad_out, gate, up):
