@@ -334,7 +334,10 @@ def main() -> int:
     import triton
     import transformers
 
+    from fused_geglu_tools.bench import _run_cmd
+
     env = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "cuda": torch.version.cuda,
+           "driver": _run_cmd(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"]),
            "triton": triton.__version__, "transformers": transformers.__version__,
            "commit": os.environ.get("FUSED_GEGLU_COMMIT")}
     payload = {"config": {"hidden": args.hidden, "intermediate": args.intermediate, "layers": args.layers, "batch": args.batch,

@@ -684,6 +684,27 @@ def test_cublas_training_takes_one_compiled_call_each_way(kernel, monkeypatch):
     assert torch.allclose(y, ref.float(), rtol=1e-4, atol=1e-4) and torch.allclose(gate, F.linear(x.view(m, h), wg, bg))
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("shape", [(37, 200), (4, 8), (3, 13)], ids=str)
+def test_backward_pointwise_into_own_buffers(kernel, device, backend, dtype, shape):
+    """``_bwd_h`` (the traced backward's pointwise: gradients to buffers of their own, h over dh)
+    gives the in-place pointwise's bits and leaves gate/up as they were, on every backend; (3, 13)
+    is not a whole number of 16-byte packs, the kernels' unvectorized branch."""
+    _skip_unless(kernel, device, backend, dtype)
+    geglu = importlib.import_module(kernel.__name__ + ".geglu")
+    gate, up, dh = (randn(*shape, dtype=dtype, device=device) for _ in range(3))
+    kept = [gate.clone(), up.clone()]
+    dgate, dup, h = torch.empty_like(gate), torch.empty_like(up), dh.clone()
+    geglu._bwd_h(dgate, dup, h, gate, up, "tanh", backend)
+    assert torch.equal(gate, kept[0]) and torch.equal(up, kept[1])
+    g2, u2, d2 = kept[0].clone(), kept[1].clone(), dh.clone()
+    geglu._bwd_inplace(g2, u2, d2, "tanh", backend)
+    assert torch.equal(dgate, g2) and torch.equal(dup, u2) and torch.equal(h, d2)
+    ref_h = F.gelu(gate.double(), approximate="tanh") * up.double()
+    assert_close(h, ref_h, (F.gelu(gate, approximate="tanh") * up), "h")
+
+
 @pytest.mark.parametrize("backend", ["auto", *BACKENDS])
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("one_call", [True, False], ids=["one_call_size", "above_bound"])
