@@ -516,9 +516,10 @@ void geglu_fwd(at::Tensor &out, at::Tensor const &gate, at::Tensor const &up, in
   });
 }
 
-void geglu_bwd(at::Tensor &grad_gate, at::Tensor &grad_up, at::Tensor const &grad_out,
-               at::Tensor const &gate, at::Tensor const &up, int64_t approximate) {
-  constexpr const char *op = "geglu_bwd";
+// The checks geglu_bwd and geglu_bwd_h share: both write the two gradients to buffers of their own.
+static void check_bwd_operands(const char *op, at::Tensor const &grad_gate, at::Tensor const &grad_up,
+                               at::Tensor const &grad_out, at::Tensor const &gate, at::Tensor const &up,
+                               int64_t approximate) {
   check_common(op, gate, approximate);
   check_operand(op, "gate", gate, gate);
   check_operand(op, "up", up, gate);
@@ -526,27 +527,21 @@ void geglu_bwd(at::Tensor &grad_gate, at::Tensor &grad_up, at::Tensor const &gra
   check_operand(op, "grad_gate", grad_gate, gate);
   check_operand(op, "grad_up", grad_up, gate);
   // Each grad is stored independently of the other's inputs, so no in-place aliasing here.
-  for (const at::Tensor *t : std::initializer_list<const at::Tensor *>{&grad_up, &grad_out, &gate, &up})
-    at::assert_no_overlap(grad_gate, *t);
+  for (const at::Tensor *t : {&grad_up, &grad_out, &gate, &up}) at::assert_no_overlap(grad_gate, *t);
   for (const at::Tensor *t : {&grad_out, &gate, &up}) at::assert_no_overlap(grad_up, *t);
+}
+
+void geglu_bwd(at::Tensor &grad_gate, at::Tensor &grad_up, at::Tensor const &grad_out,
+               at::Tensor const &gate, at::Tensor const &up, int64_t approximate) {
+  check_bwd_operands("geglu_bwd", grad_gate, grad_up, grad_out, gate, up, approximate);
   dispatch_bwd<false>(grad_gate, grad_up, nullptr, grad_out, gate, up, approximate);
 }
 
 void geglu_bwd_h(at::Tensor &grad_gate, at::Tensor &grad_up, at::Tensor &grad_out, at::Tensor const &gate,
                  at::Tensor const &up, int64_t approximate) {
-  constexpr const char *op = "geglu_bwd_h";
-  check_common(op, gate, approximate);
-  check_operand(op, "gate", gate, gate);
-  check_operand(op, "up", up, gate);
-  check_operand(op, "grad_out", grad_out, gate);
-  check_operand(op, "grad_gate", grad_gate, gate);
-  check_operand(op, "grad_up", grad_up, gate);
-  // grad_out is read and overwritten with h element by element; the gradients go to buffers of their
-  // own, so gate and up are left as they were (a traced graph may read them again).
-  for (const at::Tensor *t : std::initializer_list<const at::Tensor *>{&grad_up, &grad_out, &gate, &up})
-    at::assert_no_overlap(grad_gate, *t);
-  for (const at::Tensor *t : std::initializer_list<const at::Tensor *>{&grad_out, &gate, &up})
-    at::assert_no_overlap(grad_up, *t);
+  check_bwd_operands("geglu_bwd_h", grad_gate, grad_up, grad_out, gate, up, approximate);
+  // grad_out is also read and overwritten with h, element by element; gate and up are left as they
+  // were (a traced graph may read them again).
   at::assert_no_overlap(grad_out, gate);
   at::assert_no_overlap(grad_out, up);
   // grad_gate <- dgate, grad_up <- dup, grad_out <- h = gelu(gate) * up.
