@@ -12,6 +12,7 @@ per dtype (the floor covers outputs where eager itself is almost exact).
 from __future__ import annotations
 
 import copy
+import importlib
 import json
 
 import pytest
@@ -320,6 +321,32 @@ def test_training_gradients_match(family, device, kernel):
     assert got.keys() == want.keys()
     for name in want:
         _assert_close(f"{family} grad {name}", got[name], want[name], exact[name], torch.float32)
+
+
+def test_compiled_training_gradients_match(device, kernel):
+    """Kernelize for training under torch.compile, compile the whole model, take gradients: they match
+    eager's within the float64-referenced bound. The compiled graph's backward is the functional
+    ``geglu_mlp_bwd_op``, which writes the gradients to buffers of their own (the eager node
+    overwrites the saved pre-activations instead)."""
+    model, kind, cls_name, count = _build("gemma", device)
+    model.train()
+    eager, ref = copy.deepcopy(model), copy.deepcopy(model).double()
+    report = fgt.kernelize(model, mode=Mode.TRAINING | Mode.TORCH_COMPILE)
+    assert report.count(cls_name) == count, report
+    torch._dynamo.reset()
+    compiled = torch.compile(model, fullgraph=True, backend="inductor" if device == "cuda" else "aot_eager")
+    inputs = _inputs(kind, device, torch.float32)
+    weight = torch.randn(_out(eager, inputs).shape, generator=torch.Generator().manual_seed(2),
+                         dtype=torch.float64).to(device)
+    importlib.import_module(kernel.__name__ + "._dispatch")._last.pop("geglu_mlp_backward", None)
+    got = {n.removeprefix("_orig_mod."): g for n, g in _grads(compiled, inputs, weight).items()}
+    want = _grads(eager, inputs, weight)
+    assert kernel.last_backend("geglu_mlp_backward") is not None, "the kernel's backward did not run"
+    exact = _grads(ref, _inputs(kind, device, torch.float64), weight)
+    assert got.keys() == want.keys()
+    for name in want:
+        _assert_close(f"compiled grad {name}", got[name], want[name], exact[name], torch.float32)
+    torch._dynamo.reset()
 
 
 def test_train_eval_switching_keeps_the_kernel(device, kernel):
