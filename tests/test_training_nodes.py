@@ -129,6 +129,46 @@ def test_training_node_only_where_it_runs_the_same_step(kernel, device, monkeypa
         assert kernel.geglu_mlp(x, *params).grad_fn is None
 
 
+@pytest.mark.gpu
+def test_training_node_frees_preactivations_as_the_python_node_does(kernel, device, monkeypatch):
+    """Above the one-call element bound the C++ node still runs (it hands the backward the only
+    references to gate/up, which frees each after its last reader), and its backward's peak is the
+    Python node's, not one M x I buffer more; the same bits. Under saved-tensor hooks the hooks hold
+    gate/up, so above the bound the Python node runs, as before."""
+    _skip_without_node(kernel, device)
+    monkeypatch.setenv("FUSED_GEGLU_SM90_MLP", "no")  # cuBLAS + pointwise: the same kernels either node
+    monkeypatch.delenv("FUSED_GEGLU_BACKEND", raising=False)
+    mlp, dispatch = _modules(kernel)
+    m, h, i = 2048, 256, 4096
+    monkeypatch.setattr(mlp, "ONE_CALL_BWD_MAX_ELEMS", m * i - 1)
+    args = _inference_operands(torch.bfloat16, device, (m,), h, i, "none")[:4]
+    grad = randn(m, h, dtype=torch.bfloat16, device=device)
+    results, peaks = {}, {}
+    for cpp in (True, False, True):  # the first C++ run warms up cuBLAS and the allocator
+        monkeypatch.setattr(dispatch, "CPP_AUTOGRAD", cpp)
+        leaves = [a.clone().requires_grad_() for a in args]
+        y = kernel.geglu_mlp(*leaves)
+        assert _is_cpp_node(y) == cpp, y.grad_fn.name()
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        base = torch.cuda.memory_allocated()
+        grads = torch.autograd.grad(y, leaves, grad)
+        torch.cuda.synchronize()
+        peaks[cpp] = torch.cuda.max_memory_allocated() - base
+        results[cpp] = (y.detach(), *grads)
+        del y, grads
+    for name, a, b in zip(["y", "dx", "dW_gate", "dW_up", "dW_down"], results[True], results[False]):
+        assert torch.equal(a, b), f"{name}: the C++ and the Python training node differ"
+    buffer = m * i * 2
+    assert peaks[True] <= peaks[False] + buffer // 4, (
+        f"C++ node backward peak {peaks[True] / 2**20:.1f} MiB against the Python node's "
+        f"{peaks[False] / 2**20:.1f} MiB (one M x I buffer is {buffer / 2**20:.0f} MiB)")
+    monkeypatch.setattr(dispatch, "CPP_AUTOGRAD", True)
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: t, lambda t: t):
+        y = kernel.geglu_mlp(*[a.clone().requires_grad_() for a in args])
+    assert not _is_cpp_node(y), "above the bound under saved-tensor hooks: the Python node"
+
+
 def test_training_node_refuses_what_it_cannot_compute(kernel, device):
     """The backward overwrites the saved pre-activations with their gradients and records no graph:
     a second backward through the same graph and create_graph=True are errors, not wrong numbers."""

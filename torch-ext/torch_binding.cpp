@@ -81,6 +81,12 @@ TORCH_LIBRARY_EXPAND(TORCH_EXTENSION_NAME, ops) {
       "Tensor(b!) up, int approximate, bool has_b_gate, bool has_b_up, bool has_b_down) -> "
       "(Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)");
   ops.impl("geglu_mlp_gemm_bwd", c10::kCUDA, &geglu_mlp_gemm_bwd);
+  // The same leaving gate/up as they are (gradients to buffers of their own): a traced backward.
+  ops.def(
+      "geglu_mlp_gemm_bwd_keep(Tensor dy, Tensor x, Tensor w_gate, Tensor w_up, Tensor w_down, Tensor gate, "
+      "Tensor up, int approximate, bool has_b_gate, bool has_b_up, bool has_b_down) -> "
+      "(Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)");
+  ops.impl("geglu_mlp_gemm_bwd_keep", c10::kCUDA, &geglu_mlp_gemm_bwd_keep);
   // ---- CUDA-only ops (kernel_src/linear_cublaslt, kernel_src/gemm_sm90) ----
   // The optional outputs (preact_out, db, gate_out, up_out) are written: each has its own alias set.
   ops.def(

@@ -77,6 +77,20 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tenso
 geglu_mlp_gemm_bwd(at::Tensor const &dy, at::Tensor const &x, at::Tensor const &w_gate,
                    at::Tensor const &w_up, at::Tensor const &w_down, at::Tensor &gate, at::Tensor &up,
                    int64_t approximate, bool has_b_gate, bool has_b_up, bool has_b_down);
+// The same with the gradients in buffers of their own (geglu_bwd_h): gate/up are left as they are.
+// A traced graph's backward (torch.compile), where the saved pre-activations are graph values.
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor>
+geglu_mlp_gemm_bwd_keep(at::Tensor const &dy, at::Tensor const &x, at::Tensor const &w_gate,
+                        at::Tensor const &w_up, at::Tensor const &w_down, at::Tensor const &gate,
+                        at::Tensor const &up, int64_t approximate, bool has_b_gate, bool has_b_up,
+                        bool has_b_down);
+// The sequence behind both, for a caller that hands over its references to gate/up (the C++
+// training node): each M x I buffer is freed after its last reader, so the peak is the Python
+// sequence's (three M x I buffers) at any size. `keep`: gradients to buffers of their own.
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor>
+geglu_mlp_gemm_bwd_owned(at::Tensor const &dy, at::Tensor const &x, at::Tensor const &w_gate,
+                         at::Tensor const &w_up, at::Tensor const &w_down, at::Tensor gate, at::Tensor up,
+                         bool keep, int64_t approximate, bool has_b_gate, bool has_b_up, bool has_b_down);
 
 // ---- CUDA-only ops (kernel_src/linear_cublaslt, kernel_src/gemm_sm90) ----
 // cuBLASLt: out[M,N] = act(x[M,K] @ weight[N,K]^T + bias[N]); activation 0 = none, 1 = tanh GELU

@@ -9,10 +9,16 @@
 //   forward  - sm90 (CUDA variant, tile >= -1): the CUTLASS gate+up GEMM writing h, gate and up, then
 //              y = h w_down^T + b_down (cuBLAS);
 //            - tile == kGemmPointwise: geglu_mlp_gemm_train (vendor GEMMs around geglu_fwd);
-//   backward - CUDA: geglu_mlp_gemm_bwd (cuBLAS + the in-place pointwise, gate/up become dgate/dup);
+//   backward - CUDA: geglu_mlp_gemm_bwd's sequence (cuBLAS + the in-place pointwise, gate/up become
+//              dgate/dup);
 //            - CPU: the same GEMMs around geglu_bwd / geglu_fwd (the CPU pointwise has no in-place form).
 // The saved gate/up are overwritten by the backward, so a second backward through the same graph is
 // refused (the Python node does the same), and so is create_graph=True (these kernels record no graph).
+// Where no saved-tensor hooks are set (checkpointing, offloading), gate/up are this node's own buffers,
+// never handed out: they are kept in saved_data rather than saved, so that the backward can take the
+// only references and free each after its last reader, which keeps the peak at the Python sequence's
+// three M x I buffers at any size. Under hooks they are saved, so the hooks see them.
+#include <ATen/SavedTensorHooks.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/empty_like.h>
@@ -58,7 +64,7 @@ constexpr const char *kSecondBackward =
 // weight GEMMs in the order of fused_geglu/mlp.py's sequence. Returns what geglu_mlp_gemm_bwd does.
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> backward_cpu(
     at::Tensor const &dy, at::Tensor const &x, at::Tensor const &w_gate, at::Tensor const &w_up,
-    at::Tensor const &w_down, at::Tensor &gate, at::Tensor &up, int64_t approximate, bool has_b_gate,
+    at::Tensor const &w_down, at::Tensor gate, at::Tensor up, int64_t approximate, bool has_b_gate,
     bool has_b_up, bool has_b_down) {
   at::Tensor hid = at::mm(dy, w_down);  // dh
   at::Tensor dgate = at::empty_like(gate), dup = at::empty_like(up);
@@ -75,8 +81,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tenso
   };
   at::Tensor d_w_gate = at::mm(dgate.t(), x);
   at::Tensor db_gate = row_sum(dgate, has_b_gate);
+  dgate.reset();
   at::Tensor d_w_up = at::mm(dup.t(), x);
   at::Tensor db_up = row_sum(dup, has_b_up);
+  dup.reset();
   return {std::move(dx), std::move(d_w_gate), std::move(d_w_up), std::move(d_w_down),
           std::move(db_gate), std::move(db_up), row_sum(dy, has_b_down)};
 }
@@ -109,7 +117,13 @@ struct GegluMlpTrain : public torch::autograd::Function<GegluMlpTrain> {
     {
       std::tie(y, gate, up) = geglu_mlp_gemm_train(x2, w_gate, w_up, w_down, b_gate, b_up, b_down, approximate);
     }
-    ctx->save_for_backward({x, w_gate, w_up, w_down, gate, up});
+    if (at::SavedTensorDefaultHooks::get_tls_state().stack.empty()) {
+      ctx->save_for_backward({x, w_gate, w_up, w_down});
+      ctx->saved_data["gate"] = std::move(gate);
+      ctx->saved_data["up"] = std::move(up);
+    } else {
+      ctx->save_for_backward({x, w_gate, w_up, w_down, gate, up});
+    }
     ctx->saved_data["approximate"] = approximate;
     ctx->saved_data["biases"] = int64_t(b_gate.has_value()) | int64_t(b_up.has_value()) << 1 |
                                 int64_t(b_down.has_value()) << 2;
@@ -126,7 +140,16 @@ struct GegluMlpTrain : public torch::autograd::Function<GegluMlpTrain> {
     ctx->saved_data["consumed"] = true;
     variable_list saved = ctx->get_saved_variables();
     const at::Tensor &x = saved[0], &w_gate = saved[1], &w_up = saved[2], &w_down = saved[3];
-    at::Tensor gate = std::move(saved[4]), up = std::move(saved[5]);
+    at::Tensor gate, up;
+    if (saved.size() == 6) {
+      gate = std::move(saved[4]);
+      up = std::move(saved[5]);
+    } else {  // the only references: the backward frees each buffer after its last reader
+      gate = ctx->saved_data["gate"].toTensor();
+      up = ctx->saved_data["up"].toTensor();
+      ctx->saved_data.erase("gate");
+      ctx->saved_data.erase("up");
+    }
     const c10::OptionalDeviceGuard guard(x.device());
     const int64_t approximate = ctx->saved_data["approximate"].toInt();
     const int64_t biases = ctx->saved_data["biases"].toInt();
@@ -136,10 +159,12 @@ struct GegluMlpTrain : public torch::autograd::Function<GegluMlpTrain> {
     const at::Tensor x2 = x.view({-1, h});
 #if defined(CUDA_KERNEL)
     auto [dx, dwg, dwu, dwd, dbg, dbu, dbd] =
-        geglu_mlp_gemm_bwd(dy, x2, w_gate, w_up, w_down, gate, up, approximate, has_bg, has_bu, has_bd);
+        geglu_mlp_gemm_bwd_owned(dy, x2, w_gate, w_up, w_down, std::move(gate), std::move(up), /*keep=*/false,
+                                 approximate, has_bg, has_bu, has_bd);
 #else
     auto [dx, dwg, dwu, dwd, dbg, dbu, dbd] =
-        backward_cpu(dy, x2, w_gate, w_up, w_down, gate, up, approximate, has_bg, has_bu, has_bd);
+        backward_cpu(dy, x2, w_gate, w_up, w_down, std::move(gate), std::move(up), approximate, has_bg, has_bu,
+                     has_bd);
 #endif
     const at::Tensor none;
     return {dx.view(x.sizes()), dwg, dwu, dwd, has_bg ? dbg : none, has_bu ? dbu : none, has_bd ? dbd : none,

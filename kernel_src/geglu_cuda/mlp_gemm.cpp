@@ -40,27 +40,59 @@ at::Tensor bias_grad(at::Tensor const &g, bool present) {
 }  // namespace
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor>
-geglu_mlp_gemm_bwd(at::Tensor const &dy, at::Tensor const &x, at::Tensor const &w_gate,
-                   at::Tensor const &w_up, at::Tensor const &w_down, at::Tensor &gate, at::Tensor &up,
-                   int64_t approximate, bool has_b_gate, bool has_b_up, bool has_b_down) {
-  constexpr const char *op = "geglu_mlp_gemm_bwd";
+geglu_mlp_gemm_bwd_owned(at::Tensor const &dy, at::Tensor const &x, at::Tensor const &w_gate,
+                         at::Tensor const &w_up, at::Tensor const &w_down, at::Tensor gate, at::Tensor up,
+                         bool keep, int64_t approximate, bool has_b_gate, bool has_b_up, bool has_b_down) {
+  const char *op = keep ? "geglu_mlp_gemm_bwd_keep" : "geglu_mlp_gemm_bwd";
   TORCH_CHECK(dy.dim() == 2 && x.dim() == 2 && gate.dim() == 2 && up.dim() == 2, op,
               ": dy, x, gate and up must be 2-D, got ", dy.sizes(), ", ", x.sizes(), ", ", gate.sizes(),
               ", ", up.sizes());
   TORCH_CHECK(gate.sizes() == up.sizes() && gate.size(0) == x.size(0) && dy.size(0) == x.size(0), op,
               ": gate ", gate.sizes(), " and up ", up.sizes(), " must be [M, I] with M = x's rows (",
               x.size(0), ") = dy's rows (", dy.size(0), ")");
-  at::Tensor hid = at::mm(dy, w_down);            // dh [M, I]
-  geglu_bwd_inplace(gate, up, hid, approximate);  // gate <- dgate, up <- dup, hid <- h
+  at::Tensor hid = at::mm(dy, w_down);  // dh [M, I]
+  at::Tensor dgate, dup;
+  if (keep) {
+    dgate = at::empty_like(gate);
+    dup = at::empty_like(up);
+    geglu_bwd_h(dgate, dup, hid, gate, up, approximate);  // hid <- h
+  } else {
+    geglu_bwd_inplace(gate, up, hid, approximate);  // gate <- dgate, up <- dup, hid <- h
+    dgate = gate;
+    dup = up;
+  }
+  gate.reset();  // dgate/dup hold what is still needed (the same buffers in place)
+  up.reset();
   at::Tensor d_w_down = at::mm(dy.t(), hid);
   hid.reset();
-  at::Tensor dx = at::mm(gate, w_gate);
-  dx.addmm_(up, w_up);
-  at::Tensor d_w_gate = at::mm(gate.t(), x);
-  at::Tensor db_gate = bias_grad(gate, has_b_gate);
-  at::Tensor d_w_up = at::mm(up.t(), x);
-  at::Tensor db_up = bias_grad(up, has_b_up);
+  at::Tensor dx = at::mm(dgate, w_gate);
+  dx.addmm_(dup, w_up);
+  // Each M x I gradient goes after its last reader (mlp.py's order): freed here where the caller
+  // handed over its references, a no-op where it kept them.
+  at::Tensor d_w_gate = at::mm(dgate.t(), x);
+  at::Tensor db_gate = bias_grad(dgate, has_b_gate);
+  dgate.reset();
+  at::Tensor d_w_up = at::mm(dup.t(), x);
+  at::Tensor db_up = bias_grad(dup, has_b_up);
+  dup.reset();
   at::Tensor db_down = bias_grad(dy, has_b_down);
   return {std::move(dx),      std::move(d_w_gate), std::move(d_w_up), std::move(d_w_down),
           std::move(db_gate), std::move(db_up),    std::move(db_down)};
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor>
+geglu_mlp_gemm_bwd(at::Tensor const &dy, at::Tensor const &x, at::Tensor const &w_gate,
+                   at::Tensor const &w_up, at::Tensor const &w_down, at::Tensor &gate, at::Tensor &up,
+                   int64_t approximate, bool has_b_gate, bool has_b_up, bool has_b_down) {
+  return geglu_mlp_gemm_bwd_owned(dy, x, w_gate, w_up, w_down, gate, up, /*keep=*/false, approximate, has_b_gate,
+                                  has_b_up, has_b_down);
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor>
+geglu_mlp_gemm_bwd_keep(at::Tensor const &dy, at::Tensor const &x, at::Tensor const &w_gate,
+                        at::Tensor const &w_up, at::Tensor const &w_down, at::Tensor const &gate,
+                        at::Tensor const &up, int64_t approximate, bool has_b_gate, bool has_b_up,
+                        bool has_b_down) {
+  return geglu_mlp_gemm_bwd_owned(dy, x, w_gate, w_up, w_down, gate, up, /*keep=*/true, approximate, has_b_gate,
+                                  has_b_up, has_b_down);
 }

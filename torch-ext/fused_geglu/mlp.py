@@ -73,10 +73,13 @@ _H_OVER_GATE = ("cuda", "triton", "torch")
 # small training step waits on. $FUSED_GEGLU_ONE_CALL=0 (read at load) issues them from Python, for
 # measuring; the GPU tests switch this flag to compare the two bit for bit.
 ONE_CALL = os.environ.get("FUSED_GEGLU_ONE_CALL", "1").strip().lower() not in ("0", "no", "off", "false")
-# The compiled backward holds gate/up (the caller's references) until it returns, where the Python
-# sequence frees dgate before allocating dW_up: one M x I buffer more at the step's peak. Below this
-# many M x I elements (32 MB in bf16; M = 1024 at Gemma-2B's width) that is small beside the weight
-# gradients and host time matters; above it the GEMMs dominate and memory is the concern.
+# Called from Python, the compiled in-place backward cannot free gate/up early (the caller holds them
+# until it returns), where the Python sequence frees dgate before allocating dW_up: one M x I buffer
+# more at the step's peak. Below this many M x I elements (32 MB in bf16; M = 1024 at Gemma-2B's width)
+# that is small beside the weight gradients and host time matters; above it the GEMMs dominate and
+# memory is the concern. The bound does not apply where the backward may free them: the C++ training
+# node (it hands over the only references, unless saved-tensor hooks hold them) and the traced
+# backward (``geglu_mlp_gemm_bwd_keep``: it leaves gate/up alone and frees its own buffers in order).
 ONE_CALL_BWD_MAX_ELEMS = 1 << 24
 # Where an eager training step would run those compiled calls (or, on Hopper, the CUTLASS gate+up
 # forward before the compiled backward), the whole step goes to ``geglu_mlp_train``, whose autograd
@@ -229,10 +232,12 @@ def _mlp_backward(grad_y, x, w_gate, w_up, w_down, b_gate, b_up, preact: list, a
             # As in the forward: under the auto policy the pointwise is whichever measured faster.
             pointwise = _geglu._pick(dev, "auto", "bwd_inplace", m * i, True) \
                 if requested == "auto" and backend == "cuda" else backend
-        one_call = (pointwise == "cuda" and ONE_CALL and m * i <= ONE_CALL_BWD_MAX_ELEMS
-                    and _dispatch.compiled_has("geglu_mlp_gemm_bwd", "cuda"))
-        if fresh and (launch is not None or one_call):
-            gate, up = gate.clone(), up.clone()  # these two only work in place
+        # One compiled call: in place up to the element bound (see ONE_CALL_BWD_MAX_ELEMS); the
+        # keep form, which frees its own buffers in order, at any size.
+        one_call = (pointwise == "cuda" and ONE_CALL and (fresh or m * i <= ONE_CALL_BWD_MAX_ELEMS)
+                    and _dispatch.compiled_has("geglu_mlp_gemm_bwd_keep" if fresh else "geglu_mlp_gemm_bwd", "cuda"))
+        if fresh and launch is not None:
+            gate, up = gate.clone(), up.clone()  # the sm90 dh kernel works in place only
         if launch is not None:
             # Hopper: dh = dy @ w_down stays in registers; the GEMM's epilogue turns gate/up into
             # dgate/dup in place and writes h (kernel_src/gemm_sm90/geglu_dh_sm90.h).
@@ -240,10 +245,11 @@ def _mlp_backward(grad_y, x, w_gate, w_up, w_down, b_gate, b_up, preact: list, a
             ops.geglu_dh_sm90(gate, up, hid, dy, w_down, 0 if approximate == "none" else 1, *launch)
             dgate, dup = gate, up
         elif one_call:
-            # The sequence below from one compiled call (same kernels, same order, same bits).
-            dx, *grads = ops.geglu_mlp_gemm_bwd(dy, x2, w_gate, w_up, w_down, gate, up,
-                                                0 if approximate == "none" else 1, b_gate is not None,
-                                                b_up is not None, has_b_down)
+            # The sequence below from one compiled call (same kernels, same order, same bits); where
+            # gate/up must be kept, the form that writes the gradients to buffers of its own.
+            run = ops.geglu_mlp_gemm_bwd_keep if fresh else ops.geglu_mlp_gemm_bwd
+            dx, *grads = run(dy, x2, w_gate, w_up, w_down, gate, up, 0 if approximate == "none" else 1,
+                             b_gate is not None, b_up is not None, has_b_down)
             _dispatch.record("geglu_mlp_backward", "cuda")
             return (dx.view(x.shape), *grads)
         else:
@@ -395,9 +401,11 @@ def _cpp_training_launch(x, w_gate, w_up, backend: str):
         return (_GEMM_POINTWISE, "cpu+gemm", "cpu") if _pick(device, backend, m, h, i) == "cpu" else None
     auto = backend == "auto"
     capturing = policy.capturing(device) if auto else None
-    # The backward must be the one-call sequence: up to the element bound, no sm90 dh launch, and
-    # (under the auto policy) the CUDA in-place pointwise kernel.
-    if (m * i > ONE_CALL_BWD_MAX_ELEMS or _pick(device, backend, m, h, i, capturing) != "cuda"
+    # The backward must be the one-call sequence: no sm90 dh launch and (under the auto policy) the
+    # CUDA in-place pointwise kernel; up to the element bound only where saved-tensor hooks hold
+    # gate/up (the node frees them part-way otherwise, kernel_src/autograd_nodes/mlp_train.cpp).
+    if ((m * i > ONE_CALL_BWD_MAX_ELEMS and _saved_tensor_hooks_active())
+            or _pick(device, backend, m, h, i, capturing) != "cuda"
             or sm90_weights.dh_launch(policy.sm90_dh_launch(m, h, device)) is not None
             or (auto and _geglu._pick(device, "auto", "bwd_inplace", m * i, True) != "cuda")):
         return None
