@@ -142,6 +142,79 @@ def test_opcheck(kernel, device, name):
     torch.library.opcheck(getattr(op, name), args)
 
 
+@pytest.mark.parametrize("name", ["geglu_mlp_train_fwd", "geglu_mlp_gemm_bwd_keep"])
+def test_opcheck_traced_training_ops(kernel, device, name):
+    """The two compiled ops a traced training step calls directly (``mlp._traced_training``): schema,
+    the fake kernels and the forward's autograd registered in fused_geglu/mlp.py, AOT dispatch."""
+    op = getattr(torch.ops, kernel.OPS_ID)
+    m, h, i = 5, 12, 8
+    x, dy = randn(m, h, device=device, requires_grad=True), randn(m, h, device=device)
+    wg, wu, wd = (randn(*s, device=device, requires_grad=True) for s in ((i, h), (i, h), (h, i)))
+    bg = randn(i, device=device, requires_grad=True)
+    if name == "geglu_mlp_train_fwd":
+        args = (x, wg, wu, wd, bg, None, None, 1, -2, 1, 0)  # -2: the vendor-GEMM launch
+    else:
+        gate, up = randn(m, i, device=device), randn(m, i, device=device)
+        args = (dy, x.detach(), wg.detach(), wu.detach(), wd.detach(), gate, up, 0, True, False, True)
+    torch.library.opcheck(getattr(op, name), args)
+
+
+def _traced_ops(kernel, fn, leaves, dy, dynamic):
+    """(the kernel's ops in the compiled forward and backward graphs, y, gradients) of ``fn`` compiled
+    with AOTAutograd running the traced graphs as they are (aot_eager, with the graphs kept)."""
+    from torch._dynamo.backends.common import aot_autograd
+    from functorch.compile import make_boxed_func
+
+    seen = []
+
+    def keep(gm, _):
+        seen.append({str(n.target).split(".")[-2] for n in gm.graph.nodes if kernel.OPS_ID in str(n.target)})
+        return make_boxed_func(gm)
+
+    torch._dynamo.reset()
+    compiled = torch.compile(fn, backend=aot_autograd(fw_compiler=keep, bw_compiler=keep), fullgraph=True,
+                             dynamic=dynamic)
+    y = compiled(*leaves)
+    grads = torch.autograd.grad(y, leaves, dy)
+    torch._dynamo.reset()
+    return seen, y.detach(), grads
+
+
+@pytest.mark.parametrize("shape", [((3, 37), 48, 200, torch.float32), ((2, 160), 264, 392, torch.bfloat16),
+                                   ((1024,), 1152, 1024, torch.bfloat16)], ids=str)
+def test_traced_training_step_calls_the_compiled_ops(kernel, device, shape):
+    """A training step traced with static sizes calls ``geglu_mlp_train_fwd`` and, in its backward,
+    ``geglu_mlp_gemm_bwd_keep`` (the launch planned at trace time), where the auto policy's eager step
+    runs the C++ training node; it gives that node's bits (the same kernels: on the H200 the second
+    shape is cuBLAS + pointwise, the third the CUTLASS gate+up GEMM). Symbolic sizes keep the custom
+    ops, also with eager's bits."""
+    lead, h, i, dtype = shape
+    if device == "cpu" and dtype != torch.float32:
+        pytest.skip("the CPU variant's plan is the same at every size: the fp32 case covers it")
+    if device == "cuda" and dtype == torch.float32:
+        pytest.skip("fp32 on CUDA: the policy's pick varies with the GPU; the bf16 cases are the ones planned")
+    os.environ.pop("FUSED_GEGLU_BACKEND", None)
+    x = randn(*lead, h, device=device, dtype=dtype, requires_grad=True)
+    wg, wu = (randn(i, h, device=device, dtype=dtype, scale=h**-0.5, requires_grad=True) for _ in range(2))
+    wd = randn(h, i, device=device, dtype=dtype, scale=i**-0.5, requires_grad=True)
+    bg = randn(i, device=device, dtype=dtype, requires_grad=True)
+    leaves = [x, wg, wu, wd, bg]
+    dy = randn(*lead, h, device=device, dtype=dtype)
+
+    def fn(x, wg, wu, wd, bg):
+        return kernel.geglu_mlp(x, wg, wu, wd, bg, None, None, approximate="tanh")
+
+    y = fn(*leaves)
+    assert "GegluMlpTrain" in y.grad_fn.name(), "the eager step is the C++ node's at this size"
+    want = (y.detach(), *torch.autograd.grad(y, leaves, dy))
+    for dynamic, ops in ((False, ({"geglu_mlp_train_fwd"}, {"geglu_mlp_gemm_bwd_keep"})),
+                         (True, ({"geglu_mlp_fwd_op"}, {"geglu_mlp_bwd_op"}))):
+        seen, got_y, got = _traced_ops(kernel, fn, leaves, dy, dynamic)
+        assert tuple(seen) == ops, f"dynamic={dynamic}: the graphs call {seen}, expected {ops}"
+        for name, a, b in zip(["y", "dx", "dW_gate", "dW_up", "dW_down", "db_gate"], (got_y, *got), want):
+            assert torch.equal(a, b), f"dynamic={dynamic}: {name} differs from the eager C++ node's"
+
+
 @pytest.mark.gpu
 def test_cuda_graph_capture(kernel):
     """The ops launch on the current stream with no host syncs, so they can be captured."""

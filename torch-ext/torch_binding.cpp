@@ -16,6 +16,16 @@ TORCH_LIBRARY_EXPAND(TORCH_EXTENSION_NAME, ops) {
   ops.def(
       "geglu_mlp_train(Tensor x, Tensor w_gate, Tensor w_up, Tensor w_down, Tensor? b_gate, Tensor? b_up, "
       "Tensor? b_down, int approximate, int tile, int swizzle, int raster) -> Tensor");
+  // A traced training step's forward and backward (kernel_src/autograd_nodes/mlp_train.cpp, and
+  // kernel_src/geglu_cuda/mlp_gemm.cpp for the CUDA backward): plain ops at the backend key, which a
+  // compiled graph calls directly; fused_geglu/mlp.py gives them their fake kernels and autograd.
+  ops.def(
+      "geglu_mlp_train_fwd(Tensor x, Tensor w_gate, Tensor w_up, Tensor w_down, Tensor? b_gate, Tensor? b_up, "
+      "Tensor? b_down, int approximate, int tile, int swizzle, int raster) -> (Tensor, Tensor, Tensor)");
+  ops.def(
+      "geglu_mlp_gemm_bwd_keep(Tensor dy, Tensor x, Tensor w_gate, Tensor w_up, Tensor w_down, Tensor gate, "
+      "Tensor up, int approximate, bool has_b_gate, bool has_b_up, bool has_b_down) -> "
+      "(Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)");
   // The GeGLU pointwise forms with C++ autograd nodes (kernel_src/autograd_nodes/geglu_train.cpp), same rule.
   ops.def("geglu_train(Tensor gate, Tensor up, int approximate) -> Tensor");
   ops.def("geglu_packed_train(Tensor x, int approximate) -> Tensor");
@@ -37,6 +47,8 @@ TORCH_LIBRARY_EXPAND(TORCH_EXTENSION_NAME, ops) {
   ops.impl("geglu_fwd", c10::kCPU, &geglu_fwd);
   ops.impl("geglu_bwd", c10::kCPU, &geglu_bwd);
   ops.impl("geglu_mlp_train", torch::dispatch(c10::DispatchKey::AutogradCPU, TORCH_FN(geglu_mlp_train)));
+  ops.impl("geglu_mlp_train_fwd", c10::kCPU, &geglu_mlp_train_fwd);
+  ops.impl("geglu_mlp_gemm_bwd_keep", c10::kCPU, &geglu_mlp_gemm_bwd_keep);
   ops.impl("geglu_train", torch::dispatch(c10::DispatchKey::AutogradCPU, TORCH_FN(geglu_train)));
   ops.impl("geglu_packed_train", torch::dispatch(c10::DispatchKey::AutogradCPU, TORCH_FN(geglu_packed_train)));
   ops.impl("geglu_infer", c10::kCPU, &geglu_infer);
@@ -48,6 +60,8 @@ TORCH_LIBRARY_EXPAND(TORCH_EXTENSION_NAME, ops) {
   ops.impl("geglu_fwd", c10::kCUDA, &geglu_fwd);
   ops.impl("geglu_bwd", c10::kCUDA, &geglu_bwd);
   ops.impl("geglu_mlp_train", torch::dispatch(c10::DispatchKey::AutogradCUDA, TORCH_FN(geglu_mlp_train)));
+  ops.impl("geglu_mlp_train_fwd", c10::kCUDA, &geglu_mlp_train_fwd);
+  ops.impl("geglu_mlp_gemm_bwd_keep", c10::kCUDA, &geglu_mlp_gemm_bwd_keep);
   ops.impl("geglu_train", torch::dispatch(c10::DispatchKey::AutogradCUDA, TORCH_FN(geglu_train)));
   ops.impl("geglu_packed_train", torch::dispatch(c10::DispatchKey::AutogradCUDA, TORCH_FN(geglu_packed_train)));
   ops.impl("geglu_infer", c10::kCUDA, &geglu_infer);
@@ -81,12 +95,6 @@ TORCH_LIBRARY_EXPAND(TORCH_EXTENSION_NAME, ops) {
       "Tensor(b!) up, int approximate, bool has_b_gate, bool has_b_up, bool has_b_down) -> "
       "(Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)");
   ops.impl("geglu_mlp_gemm_bwd", c10::kCUDA, &geglu_mlp_gemm_bwd);
-  // The same leaving gate/up as they are (gradients to buffers of their own): a traced backward.
-  ops.def(
-      "geglu_mlp_gemm_bwd_keep(Tensor dy, Tensor x, Tensor w_gate, Tensor w_up, Tensor w_down, Tensor gate, "
-      "Tensor up, int approximate, bool has_b_gate, bool has_b_up, bool has_b_down) -> "
-      "(Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)");
-  ops.impl("geglu_mlp_gemm_bwd_keep", c10::kCUDA, &geglu_mlp_gemm_bwd_keep);
   // ---- CUDA-only ops (kernel_src/linear_cublaslt, kernel_src/gemm_sm90) ----
   // The optional outputs (preact_out, db, gate_out, up_out) are written: each has its own alias set.
   ops.def(

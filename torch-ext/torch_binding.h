@@ -35,6 +35,24 @@ at::Tensor geglu_mlp_train(at::Tensor const &x, at::Tensor const &w_gate, at::Te
                            at::Tensor const &w_down, std::optional<at::Tensor> const &b_gate,
                            std::optional<at::Tensor> const &b_up, std::optional<at::Tensor> const &b_down,
                            int64_t approximate, int64_t tile, int64_t swizzle, int64_t raster);
+// The same forward for a traced graph (torch.compile), with no node: (y[..., H], gate [M, I], up [M, I]);
+// the graph's backward is geglu_mlp_gemm_bwd_keep. The launch is planned when the graph is traced, so on
+// CUDA an sm90 launch whose operands the CUTLASS GEMM does not take at run time (alignment, the two
+// weights' distance) runs geglu_mlp_gemm_train instead: the same result, other GEMMs.
+std::tuple<at::Tensor, at::Tensor, at::Tensor> geglu_mlp_train_fwd(
+    at::Tensor const &x, at::Tensor const &w_gate, at::Tensor const &w_up, at::Tensor const &w_down,
+    std::optional<at::Tensor> const &b_gate, std::optional<at::Tensor> const &b_up,
+    std::optional<at::Tensor> const &b_down, int64_t approximate, int64_t tile, int64_t swizzle, int64_t raster);
+// The MLP's backward leaving gate/up as they are (gradients to buffers of their own): a traced graph's
+// backward, where the saved pre-activations are graph values. Returns (dx, dw_gate, dw_up, dw_down,
+// db_gate, db_up, db_down), a missing bias's gradient a 0-element tensor; dy [M,H], x [M,H], gate/up
+// [M,I], all 2-D. CUDA: cuBLAS around geglu_bwd_h (kernel_src/geglu_cuda/mlp_gemm.cpp); CPU: ATen's
+// GEMMs around the CPU pointwise kernels (kernel_src/autograd_nodes/mlp_train.cpp).
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor>
+geglu_mlp_gemm_bwd_keep(at::Tensor const &dy, at::Tensor const &x, at::Tensor const &w_gate,
+                        at::Tensor const &w_up, at::Tensor const &w_down, at::Tensor const &gate,
+                        at::Tensor const &up, int64_t approximate, bool has_b_gate, bool has_b_up,
+                        bool has_b_down);
 // GeGLU pointwise with C++ autograd nodes (kernel_src/autograd_nodes/geglu_train.cpp), over geglu_fwd /
 // geglu_bwd: separate contiguous gate/up of one shape, or a contiguous packed x[..., 2d] (gate first).
 at::Tensor geglu_train(at::Tensor const &gate, at::Tensor const &up, int64_t approximate);
@@ -64,6 +82,11 @@ void geglu_bwd_inplace(at::Tensor &gate, at::Tensor &up, at::Tensor &grad_out, i
 // grad_out <- h.
 void geglu_bwd_h(at::Tensor &grad_gate, at::Tensor &grad_up, at::Tensor &grad_out, at::Tensor const &gate,
                  at::Tensor const &up, int64_t approximate);
+// Whether geglu_gateup_sm90 takes these operands (x contiguous [M, H], weights [I, H] with stride-1 rows):
+// bf16/fp16, 16-byte TMA rows and bases, one row stride for both weights, two distinct weights less than
+// 2^40 bytes apart (one TMA view), 4-byte aligned biases. Its host op raises where this is false.
+bool sm90_gateup_takes(at::Tensor const &x, at::Tensor const &w_gate, at::Tensor const &w_up,
+                       std::optional<at::Tensor> const &b_gate, std::optional<at::Tensor> const &b_up);
 // The MLP's inference forward with cuBLAS GEMMs (ATen linear) around geglu_fwd, h written over
 // gate: y[M,H] = (gelu(x w_gate^T + b_gate) * (x w_up^T + b_up)) w_down^T + b_down.
 at::Tensor geglu_mlp_gemm(at::Tensor const &x, at::Tensor const &w_gate, at::Tensor const &w_up,
@@ -77,13 +100,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tenso
 geglu_mlp_gemm_bwd(at::Tensor const &dy, at::Tensor const &x, at::Tensor const &w_gate,
                    at::Tensor const &w_up, at::Tensor const &w_down, at::Tensor &gate, at::Tensor &up,
                    int64_t approximate, bool has_b_gate, bool has_b_up, bool has_b_down);
-// The same with the gradients in buffers of their own (geglu_bwd_h): gate/up are left as they are.
-// A traced graph's backward (torch.compile), where the saved pre-activations are graph values.
-std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor>
-geglu_mlp_gemm_bwd_keep(at::Tensor const &dy, at::Tensor const &x, at::Tensor const &w_gate,
-                        at::Tensor const &w_up, at::Tensor const &w_down, at::Tensor const &gate,
-                        at::Tensor const &up, int64_t approximate, bool has_b_gate, bool has_b_up,
-                        bool has_b_down);
+// (geglu_mlp_gemm_bwd_keep, declared above, is the same with the gradients in buffers of their own.)
 // The sequence behind both, for a caller that hands over its references to gate/up (the C++
 // training node): each M x I buffer is freed after its last reader, so the peak is the Python
 // sequence's (three M x I buffers) at any size. `keep`: gradients to buffers of their own.

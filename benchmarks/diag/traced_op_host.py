@@ -11,7 +11,11 @@ all host time (x [4, 8], I = 16; fp32 on CPU, bf16 on CUDA, where the GPU keeps 
   inference forward, training forward (pre-activations kept) and backward (the functional form);
 - ``forward_py`` / ``backward_py``: the same Python without the custom-op layers;
 - ``geglu_mlp_nograd``: the public function in eager no-grad mode (the one-call C++ entry);
-- ``infer_raw``: that C++ op alone; ``eager``: three ``F.linear`` and the GELU product.
+- ``infer_raw``: that C++ op alone; ``eager``: three ``F.linear`` and the GELU product;
+- ``compiled_step_custom_ops`` / ``compiled_step_compiled_ops``: a whole training step (forward and
+  backward) of the MLP compiled with inductor, its graphs calling the custom ops as above, or (the
+  default for static sizes, ``mlp._traced_training``) ``geglu_mlp_train_fwd`` and
+  ``geglu_mlp_gemm_bwd_keep`` directly; inputs that require grad, so this one runs with autograd.
 Per entry: the best (lowest) mean µs per call over ``--rounds`` rounds of ``--calls`` calls. Loads the
 kernel the way users do (the staged cache).
 """
@@ -82,7 +86,18 @@ def main() -> int:
     with torch.no_grad():  # a compiled graph runs its forward and backward without autograd recording
         for name, fn in entries.items():
             results[name] = best_us(fn, args.calls, args.rounds, sync)
-            print(f"{name:18} {results[name]:7.1f} us", flush=True)
+            print(f"{name:27} {results[name]:7.1f} us", flush=True)
+    # A compiled training step, with the traced plan switched off (the custom ops) and on.
+    leaves = [t.detach().requires_grad_() for t in (x, wg, wu, wd)]
+    traced = mlp._traced_training
+    for name, route in (("compiled_step_custom_ops", lambda *a: None), ("compiled_step_compiled_ops", traced)):
+        mlp._traced_training = route
+        torch._dynamo.reset()
+        loss = torch.compile(lambda *a: k.geglu_mlp(*a).sum(), fullgraph=True)
+        results[name] = best_us(lambda: loss(*leaves).backward(), args.calls // 4, args.rounds, sync)
+        print(f"{name:27} {results[name]:7.1f} us", flush=True)
+    mlp._traced_training = traced
+    torch._dynamo.reset()
     env = {"device": torch.cuda.get_device_name() if dev.type == "cuda" else f"cpu ({platform.machine()})",
            "torch": torch.__version__, "threads": torch.get_num_threads(),
            "commit": os.environ.get("FUSED_GEGLU_COMMIT", ""), "variant": k.__name__}

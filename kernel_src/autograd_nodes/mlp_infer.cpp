@@ -70,13 +70,16 @@ bool bias_ok(std::optional<at::Tensor> const &b, int64_t n, at::Tensor const &x)
 
 bool aligned(void const *p, uintptr_t bytes) { return reinterpret_cast<uintptr_t>(p) % bytes == 0; }
 
+
+}  // namespace
+
 #if defined(CUDA_KERNEL)
-// What geglu_gateup_sm90's host op requires of operands that already passed the checks above (x
-// contiguous [M, H], weights [I, H] with stride-1 rows): bf16/fp16, 16-byte TMA rows and bases, one
-// row stride for both weights, two distinct weights less than 2^40 bytes apart (one TMA view), and
-// 4-byte aligned biases.
-bool sm90_takes(at::Tensor const &x, at::Tensor const &w_gate, at::Tensor const &w_up,
-                std::optional<at::Tensor> const &b_gate, std::optional<at::Tensor> const &b_up) {
+// What geglu_gateup_sm90's host op requires of operands that already passed checks like the ones above
+// (x contiguous [M, H], weights [I, H] with stride-1 rows); mlp_train.cpp's traced forward asks it too:
+// bf16/fp16, 16-byte TMA rows and bases, one row stride for both weights, two distinct weights less
+// than 2^40 bytes apart (one TMA view), and 4-byte aligned biases.
+bool sm90_gateup_takes(at::Tensor const &x, at::Tensor const &w_gate, at::Tensor const &w_up,
+                       std::optional<at::Tensor> const &b_gate, std::optional<at::Tensor> const &b_up) {
   const auto dtype = x.scalar_type();
   const int64_t I = w_gate.size(0), H = w_gate.size(1);
   if ((dtype != at::kBFloat16 && dtype != at::kHalf) || I % 8 != 0 || H % 8 != 0) return false;
@@ -88,8 +91,6 @@ bool sm90_takes(at::Tensor const &x, at::Tensor const &w_gate, at::Tensor const 
   return (!present(b_gate) || aligned(b_gate->data_ptr(), 4)) && (!present(b_up) || aligned(b_up->data_ptr(), 4));
 }
 #endif
-
-}  // namespace
 
 at::Tensor geglu_mlp_infer(at::Tensor const &x, at::Tensor const &w_gate, at::Tensor const &w_up,
                            at::Tensor const &w_down, std::optional<at::Tensor> const &b_gate,
@@ -117,7 +118,7 @@ at::Tensor geglu_mlp_infer(at::Tensor const &x, at::Tensor const &w_gate, at::Te
   at::Tensor y;
 #if defined(CUDA_KERNEL)
   if (tile != kGemmPointwise) {
-    if (tile < 0 || !sm90_takes(x2, w_gate, w_up, b_gate, b_up)) return {};
+    if (tile < 0 || !sm90_gateup_takes(x2, w_gate, w_up, b_gate, b_up)) return {};
     y = geglu_mlp_sm90(x2, w_gate, w_up, w_down, b_gate, b_up, b_down, approximate, tile, swizzle, raster);
   } else {
     y = geglu_mlp_gemm(x2, w_gate, w_up, w_down, b_gate, b_up, b_down, approximate);

@@ -90,6 +90,43 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tenso
 }
 #endif
 
+// The training forward: (y [M, H], gate, up) for a contiguous x viewed as [M, H], by the launch named.
+std::tuple<at::Tensor, at::Tensor, at::Tensor> train_forward(
+    at::Tensor const &x2, at::Tensor const &w_gate, at::Tensor const &w_up, at::Tensor const &w_down,
+    std::optional<at::Tensor> const &b_gate, std::optional<at::Tensor> const &b_up,
+    std::optional<at::Tensor> const &b_down, int64_t approximate, int64_t tile, int64_t swizzle, int64_t raster) {
+#if defined(CUDA_KERNEL)
+  if (tile != kGemmPointwise) {
+    at::Tensor hid = at::empty({x2.size(0), w_gate.size(0)}, x2.options());
+    at::Tensor gate = at::empty_like(hid), up = at::empty_like(hid);
+    std::optional<at::Tensor> bg = b_gate, bu = b_up;  // the kernel takes both biases or neither
+    if (bg.has_value() != bu.has_value()) {
+      if (bg.has_value()) bu = at::zeros_like(*bg);
+      else bg = at::zeros_like(*bu);
+    }
+    geglu_gateup_sm90(hid, x2, w_gate, w_up, bg, bu, approximate, gate, up, tile, swizzle, raster);
+    return {at::linear(hid, w_down, b_down), std::move(gate), std::move(up)};
+  }
+#else
+  (void)tile;
+  (void)swizzle;
+  (void)raster;
+#endif
+  return geglu_mlp_gemm_train(x2, w_gate, w_up, w_down, b_gate, b_up, b_down, approximate);
+}
+
+at::Tensor in_shape_of(at::Tensor const &y, at::Tensor const &x) {
+  std::vector<int64_t> shape = x.sizes().vec();
+  shape.back() = y.size(1);
+  return y.view(shape);
+}
+
+void check_x(const char *op, at::Tensor const &x, at::Tensor const &w_gate) {
+  TORCH_CHECK(x.dim() >= 1 && x.is_contiguous() && w_gate.dim() == 2 && x.size(-1) == w_gate.size(1), op,
+              ": x must be contiguous with w_gate's ", w_gate.size(-1), " features in its last dimension, got "
+              "shape ", x.sizes(), " and strides ", x.strides());
+}
+
 struct GegluMlpTrain : public torch::autograd::Function<GegluMlpTrain> {
   static at::Tensor forward(AutogradContext *ctx, at::Tensor const &x, at::Tensor const &w_gate,
                             at::Tensor const &w_up, at::Tensor const &w_down,
@@ -97,26 +134,9 @@ struct GegluMlpTrain : public torch::autograd::Function<GegluMlpTrain> {
                             std::optional<at::Tensor> const &b_down, int64_t approximate, int64_t tile,
                             int64_t swizzle, int64_t raster) {
     const c10::OptionalDeviceGuard guard(x.device());
-    const int64_t h = w_gate.size(1);
-    const at::Tensor x2 = x.view({-1, h});  // the caller passes a contiguous x
-    at::Tensor y, gate, up;
-#if defined(CUDA_KERNEL)
-    if (tile != kGemmPointwise) {
-      at::Tensor hid = at::empty({x2.size(0), w_gate.size(0)}, x.options());
-      gate = at::empty_like(hid);
-      up = at::empty_like(hid);
-      std::optional<at::Tensor> bg = b_gate, bu = b_up;  // the kernel takes both biases or neither
-      if (bg.has_value() != bu.has_value()) {
-        if (bg.has_value()) bu = at::zeros_like(*bg);
-        else bg = at::zeros_like(*bu);
-      }
-      geglu_gateup_sm90(hid, x2, w_gate, w_up, bg, bu, approximate, gate, up, tile, swizzle, raster);
-      y = at::linear(hid, w_down, b_down);
-    } else
-#endif
-    {
-      std::tie(y, gate, up) = geglu_mlp_gemm_train(x2, w_gate, w_up, w_down, b_gate, b_up, b_down, approximate);
-    }
+    const at::Tensor x2 = x.view({-1, w_gate.size(1)});  // the caller passes a contiguous x
+    auto [y, gate, up] = train_forward(x2, w_gate, w_up, w_down, b_gate, b_up, b_down, approximate, tile, swizzle,
+                                       raster);
     if (at::SavedTensorDefaultHooks::get_tls_state().stack.empty()) {
       ctx->save_for_backward({x, w_gate, w_up, w_down});
       ctx->saved_data["gate"] = std::move(gate);
@@ -127,9 +147,7 @@ struct GegluMlpTrain : public torch::autograd::Function<GegluMlpTrain> {
     ctx->saved_data["approximate"] = approximate;
     ctx->saved_data["biases"] = int64_t(b_gate.has_value()) | int64_t(b_up.has_value()) << 1 |
                                 int64_t(b_down.has_value()) << 2;
-    std::vector<int64_t> shape = x.sizes().vec();
-    shape.back() = w_down.size(0);
-    return y.view(shape);
+    return in_shape_of(y, x);
   }
 
   static variable_list backward(AutogradContext *ctx, variable_list grads) {
@@ -178,8 +196,47 @@ at::Tensor geglu_mlp_train(at::Tensor const &x, at::Tensor const &w_gate, at::Te
                            at::Tensor const &w_down, std::optional<at::Tensor> const &b_gate,
                            std::optional<at::Tensor> const &b_up, std::optional<at::Tensor> const &b_down,
                            int64_t approximate, int64_t tile, int64_t swizzle, int64_t raster) {
-  TORCH_CHECK(x.dim() >= 1 && x.is_contiguous() && w_gate.dim() == 2 && x.size(-1) == w_gate.size(1),
-              "geglu_mlp_train: x must be contiguous with w_gate's ", w_gate.size(-1), " features in its last "
-              "dimension, got shape ", x.sizes(), " and strides ", x.strides());
+  check_x("geglu_mlp_train", x, w_gate);
   return GegluMlpTrain::apply(x, w_gate, w_up, w_down, b_gate, b_up, b_down, approximate, tile, swizzle, raster);
 }
+
+// ---- the traced training step (torch.compile): the forward without a node, and on CPU the backward that
+// leaves gate/up as they are (the CUDA one is in kernel_src/geglu_cuda/mlp_gemm.cpp). Why: a compiled
+// graph calls these ops directly, where the Python custom ops cost their dispatch and the Python of the
+// launch choice on every call; the choice is made once, when the graph is traced (fused_geglu/mlp.py).
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> geglu_mlp_train_fwd(
+    at::Tensor const &x, at::Tensor const &w_gate, at::Tensor const &w_up, at::Tensor const &w_down,
+    std::optional<at::Tensor> const &b_gate, std::optional<at::Tensor> const &b_up,
+    std::optional<at::Tensor> const &b_down, int64_t approximate, int64_t tile, int64_t swizzle, int64_t raster) {
+  check_x("geglu_mlp_train_fwd", x, w_gate);
+  const c10::OptionalDeviceGuard guard(x.device());
+  const at::Tensor x2 = x.view({-1, w_gate.size(1)});
+#if defined(CUDA_KERNEL)
+  // Planned at trace time; the pointers are known only now.
+  if (tile != kGemmPointwise && !sm90_gateup_takes(x2, w_gate, w_up, b_gate, b_up)) tile = kGemmPointwise;
+#endif
+  auto [y, gate, up] = train_forward(x2, w_gate, w_up, w_down, b_gate, b_up, b_down, approximate, tile, swizzle,
+                                     raster);
+  return {in_shape_of(y, x), std::move(gate), std::move(up)};
+}
+
+#if !defined(CUDA_KERNEL)
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor>
+geglu_mlp_gemm_bwd_keep(at::Tensor const &dy, at::Tensor const &x, at::Tensor const &w_gate,
+                        at::Tensor const &w_up, at::Tensor const &w_down, at::Tensor const &gate,
+                        at::Tensor const &up, int64_t approximate, bool has_b_gate, bool has_b_up,
+                        bool has_b_down) {
+  TORCH_CHECK(dy.dim() == 2 && x.dim() == 2 && gate.dim() == 2 && up.dim() == 2 && gate.sizes() == up.sizes() &&
+                  gate.size(0) == x.size(0) && dy.size(0) == x.size(0),
+              "geglu_mlp_gemm_bwd_keep: dy [M, H], x [M, H], gate and up [M, I] expected, got ", dy.sizes(), ", ",
+              x.sizes(), ", ", gate.sizes(), ", ", up.sizes());
+  const c10::OptionalDeviceGuard guard(x.device());
+  // backward_cpu writes the gradients to buffers of its own and only reads gate/up (its copies of the
+  // references are dropped, not the caller's).
+  auto [dx, dwg, dwu, dwd, dbg, dbu, dbd] =
+      backward_cpu(dy.contiguous(), x, w_gate, w_up, w_down, gate, up, approximate, has_b_gate, has_b_up, has_b_down);
+  auto or_empty = [&](at::Tensor t) { return t.defined() ? t : at::empty({0}, x.options()); };
+  return {std::move(dx), std::move(dwg), std::move(dwu), std::move(dwd), or_empty(dbg), or_empty(dbu), or_empty(dbd)};
+}
+#endif

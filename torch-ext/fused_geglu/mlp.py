@@ -31,7 +31,7 @@ import torch.nn.functional as F
 from . import _checks, _dispatch, policy
 from . import geglu as _geglu
 from . import sm90_weights
-from ._ops import ops
+from ._ops import add_op_namespace_prefix, ops
 from ._opdef import _PLAIN, _tracing, custom_op
 from ._views import rows
 
@@ -418,6 +418,106 @@ def _cpp_training_launch(x, w_gate, w_up, backend: str):
     return _GEMM_POINTWISE, "cuda+gemm", "cuda"
 
 
+# ---- a traced training step: two compiled ops as the graph's nodes ------------------------------
+# A graph traced for training (torch.compile) gets ``geglu_mlp_train_fwd`` (the C++ training node's
+# forward, without a node) and, in its backward, ``geglu_mlp_gemm_bwd_keep`` (the one-call backward
+# leaving the graph's gate/up alone), with the launch planned once, here, from the static sizes. The
+# compiled graph then calls the compiled ops directly: no custom op's dispatch layers and no Python
+# launch choice per call, which cost about 90 µs per forward and 150 µs per backward call on the H200's
+# host (benchmarks/results/traced-op-host-h200-119ef4d.json) in a step the host already limits.
+# Symbolic sizes (dynamic=True), a forced backend and anything the C++ node would not run keep the
+# custom ops (``geglu_mlp_fwd_op``), which choose per call. $FUSED_GEGLU_ONE_CALL=0 also keeps them.
+
+
+def _traced_plan(device: torch.device, m: int, h: int, i: int, sm90_shapes: bool) -> tuple[int, int, int] | None:
+    """``(tile, swizzle, raster)`` for ``geglu_mlp_train_fwd`` where the auto policy's eager training
+    step would run the C++ node's launch, else None. The policy's no-capture choice: a graph traced
+    for CUDA-graph replay (reduce-overhead) runs the same capture-safe kernels."""
+    if m == 0 or not (_dispatch.compiled_has("geglu_mlp_train_fwd", device.type)
+                      and _dispatch.compiled_has("geglu_mlp_gemm_bwd_keep", device.type)):
+        return None
+    if device.type == "cpu":
+        return _GEMM_POINTWISE if _pick(device, "auto", m, h, i) == "cpu" else None
+    if (_pick(device, "auto", m, h, i, 0) != "cuda"
+            or sm90_weights.dh_launch(policy.sm90_dh_launch(m, h, device)) is not None
+            or _geglu._pick(device, "auto", "bwd_inplace", m * i, True) != "cuda"):
+        return None
+    if sm90_shapes and _dispatch.compiled_has("geglu_gateup_sm90", "cuda"):
+        run, launch = _sm90_launch(m, h, device, True, 0, True)
+        if run:
+            return sm90_weights.parse_launch(launch)
+    return _GEMM_POINTWISE if _geglu._pick(device, "auto", "fwd", m * i, True) == "cuda" else None
+
+
+@torch.compiler.allow_in_graph
+def _traced_training_step(x, w_gate, w_up, w_down, b_gate, b_up, b_down, approximate: str):
+    """The traced training forward as one node of dynamo's graph. Dynamo does not look inside: the
+    plan needs the sizes as numbers, which dynamo's symbolic sizes do not always say they are not. The
+    AOT tracer that follows runs it on fake tensors, where they do, and records the ops it calls."""
+    y = _traced_training(x, w_gate, w_up, w_down, b_gate, b_up, b_down, approximate)
+    if y is None:
+        y = geglu_mlp_fwd_op(x, w_gate, w_up, w_down, b_gate, b_up, b_down, approximate, True, "auto")[0]
+    return y
+
+
+def _traced_training(x, w_gate, w_up, w_down, b_gate, b_up, b_down, approximate: str):
+    """y from the two compiled ops, or None where the custom ops must run (see above)."""
+    i, h = w_gate.shape
+    sizes = (*x.shape, i, h)
+    if not ONE_CALL or not x.is_contiguous() or not all(type(v) is int for v in sizes):
+        return None
+    m = x.numel() // h if h else 0
+    sm90_shapes = x.device.type == "cuda" and m > 0 and sm90_weights.shapes_usable(x.view(m, h), w_gate, w_up)
+    launch = _traced_plan(x.device, m, h, i, sm90_shapes)
+    if launch is None:
+        return None
+    y, _, _ = ops.geglu_mlp_train_fwd(x, w_gate, w_up, w_down, b_gate, b_up, b_down,
+                                      0 if approximate == "none" else 1, *launch)
+    return y
+
+
+def _register_traced_ops() -> None:
+    """Fake kernels and autograd of the two ops, where this variant has them."""
+    if not hasattr(ops, "geglu_mlp_train_fwd"):
+        return
+    fwd, bwd = add_op_namespace_prefix("geglu_mlp_train_fwd"), add_op_namespace_prefix("geglu_mlp_gemm_bwd_keep")
+
+    @torch.library.register_fake(fwd)
+    def _(x, w_gate, w_up, w_down, b_gate, b_up, b_down, approximate, tile, swizzle, raster):
+        i, h = w_gate.shape
+        m = x.numel() // h
+        return x.new_empty((*x.shape[:-1], w_down.shape[0])), x.new_empty((m, i)), x.new_empty((m, i))
+
+    @torch.library.register_fake(bwd)
+    def _(dy, x, w_gate, w_up, w_down, gate, up, approximate, has_b_gate, has_b_up, has_b_down):
+        i, h = w_gate.shape
+        return (x.new_empty(x.shape), w_gate.new_empty(w_gate.shape), w_up.new_empty(w_up.shape),
+                w_down.new_empty(w_down.shape), x.new_empty((i,) if has_b_gate else (0,)),
+                x.new_empty((i,) if has_b_up else (0,)), x.new_empty((h,) if has_b_down else (0,)))
+
+    def setup_context(ctx, inputs, output):
+        x, w_gate, w_up, w_down, b_gate, b_up, b_down, approximate = inputs[:8]
+        _, gate, up = output
+        ctx.save_for_backward(x, w_gate, w_up, w_down, gate, up)
+        ctx.approximate = approximate
+        ctx.has_bias = (b_gate is not None, b_up is not None, b_down is not None)
+
+    def backward(ctx, grad_y, _g_gate, _g_up):
+        x, w_gate, w_up, w_down, gate, up = ctx.saved_tensors
+        h = w_gate.shape[1]
+        bg, bu, bd = ctx.has_bias
+        dx, dwg, dwu, dwd, dbg, dbu, dbd = ops.geglu_mlp_gemm_bwd_keep(
+            grad_y.reshape(-1, h).contiguous(), x.view(-1, h), w_gate, w_up, w_down, gate, up, ctx.approximate,
+            bg, bu, bd)
+        return (dx.view(x.shape), dwg, dwu, dwd, dbg if bg else None, dbu if bu else None, dbd if bd else None,
+                None, None, None, None)
+
+    torch.library.register_autograd(fwd, backward, setup_context=setup_context)
+
+
+_register_traced_ops()
+
+
 # ---- eager inference: one compiled call ---------------------------------------------------------
 # A call with no graph to record and the auto policy runs, per size, one of two compiled sequences
 # (sm90 gate+up + cuBLAS down, or cuBLAS / ATen GEMMs around the compiled pointwise). geglu_mlp_infer
@@ -528,6 +628,12 @@ def geglu_mlp(x: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor, w_down:
         # Inference in eager mode: straight to the implementation (no op dispatch, no placeholder
         # outputs); at decode sizes the host time per call is what the GPU waits on.
         return _forward(*args, approximate, False, backend)[0]
+    if tracing and needs_grad and not recompute and backend == "auto":
+        if torch.compiler.is_compiling():
+            return _traced_training_step(*args, approximate)
+        y = _traced_training(*args, approximate)  # another tracer (make_fx, export): plain Python
+        if y is not None:
+            return y
     route = _cpp_training_launch(x, w_gate, w_up, backend) if needs_grad and not recompute and not tracing else None
     if route is not None:
         launch, forward_name, backward_name = route

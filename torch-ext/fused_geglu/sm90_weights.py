@@ -20,13 +20,19 @@ def usable(x2: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor) -> bool:
     """Whether ``geglu_gateup_sm90`` accepts these operands (its host op checks the same and
     raises): sm_90, bf16/fp16, 16-byte TMA rows, and w_gate/w_up two distinct tensors with one row
     stride, 16-byte aligned and less than 2^40 bytes apart (one TMA view spans both)."""
+    return (shapes_usable(x2, w_gate, w_up) and x2.data_ptr() % 16 == 0
+            and w_gate.data_ptr() % 16 == 0 and w_up.data_ptr() % 16 == 0
+            and 0 < abs(w_up.data_ptr() - w_gate.data_ptr()) < (1 << 40))
+
+
+def shapes_usable(x2: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor) -> bool:
+    """``usable`` without the pointers: what a graph being traced knows. The op that runs a traced
+    plan checks the pointers when it runs (``geglu_mlp_train_fwd``, kernel_src/autograd_nodes/mlp_train.cpp)."""
     i, h = w_gate.shape
     return (x2.dtype in (torch.bfloat16, torch.float16) and i % 8 == 0 and h % 8 == 0
-            and x2.stride(0) % 8 == 0 and x2.data_ptr() % 16 == 0
+            and x2.stride(0) % 8 == 0
             and w_gate.stride(1) == 1 and w_up.stride(1) == 1 and w_gate.stride(0) == w_up.stride(0)
-            and w_gate.stride(0) % 8 == 0 and w_gate.data_ptr() % 16 == 0 and w_up.data_ptr() % 16 == 0
-            and 0 < abs(w_up.data_ptr() - w_gate.data_ptr()) < (1 << 40)
-            and device_capability(x2.device) == (9, 0))
+            and w_gate.stride(0) % 8 == 0 and device_capability(x2.device) == (9, 0))
 
 
 # The op's tile indices (TileCfg in kernel_src/gemm_sm90/geglu_gateup_sm90.h, same order).
