@@ -215,6 +215,28 @@ def test_traced_training_step_calls_the_compiled_ops(kernel, device, shape):
             assert torch.equal(a, b), f"dynamic={dynamic}: {name} differs from the eager C++ node's"
 
 
+def test_make_fx_training_step_records_the_compiled_ops(kernel, device):
+    """Tracers other than dynamo (make_fx, and export on top of it) take the same plan in plain Python:
+    the traced forward and backward are the two compiled ops, with eager's values."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    m, h, i = 6, 16, 24
+    leaves = [randn(m, h, device=device, requires_grad=True),
+              *(randn(*s, device=device, scale=0.3, requires_grad=True) for s in ((i, h), (i, h), (h, i)))]
+    dy = randn(m, h, device=device)
+
+    def step(x, wg, wu, wd, dy):
+        y = kernel.geglu_mlp(x, wg, wu, wd)
+        return (y, *torch.autograd.grad(y, (x, wg, wu, wd), dy))
+
+    gm = make_fx(step, tracing_mode="fake")(*leaves, dy)
+    called = [str(n.target).split(".")[-2] for n in gm.graph.nodes if kernel.OPS_ID in str(n.target)]
+    assert called == ["geglu_mlp_train_fwd", "geglu_mlp_gemm_bwd_keep"], called
+    got, want = gm(*leaves, dy), step(*leaves, dy)
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+
 @pytest.mark.gpu
 def test_cuda_graph_capture(kernel):
     """The ops launch on the current stream with no host syncs, so they can be captured."""

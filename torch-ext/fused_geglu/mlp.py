@@ -631,9 +631,10 @@ def geglu_mlp(x: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor, w_down:
     if tracing and needs_grad and not recompute and backend == "auto":
         if torch.compiler.is_compiling():
             return _traced_training_step(*args, approximate)
-        y = _traced_training(*args, approximate)  # another tracer (make_fx, export): plain Python
-        if y is not None:
-            return y
+        if torch._C._len_torch_dispatch_stack() > 0:  # another tracer (make_fx, export): plain Python
+            y = _traced_training(*args, approximate)  # (a tensor subclass in eager mode keeps the custom op)
+            if y is not None:
+                return y
     route = _cpp_training_launch(x, w_gate, w_up, backend) if needs_grad and not recompute and not tracing else None
     if route is not None:
         launch, forward_name, backward_name = route
