@@ -53,6 +53,13 @@ geglu_mlp_gemm_bwd_keep(at::Tensor const &dy, at::Tensor const &x, at::Tensor co
                         at::Tensor const &w_up, at::Tensor const &w_down, at::Tensor const &gate,
                         at::Tensor const &up, int64_t approximate, bool has_b_gate, bool has_b_up,
                         bool has_b_down);
+// The MLP backward's GEMMs after its pointwise step (kernel_src/autograd_nodes/mlp_train.cpp), in
+// fused_geglu/mlp.py's order: dW_down from h (hid), dx, then dW_gate / db_gate and dW_up / db_up, each
+// M x I buffer freed after its last reader where the caller hands over its references; db_down from dy.
+// Returns (dx, dw_gate, dw_up, dw_down, db_gate, db_up, db_down), a missing bias's gradient 0 elements.
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> geglu_mlp_bwd_gemms(
+    at::Tensor const &dy, at::Tensor const &x, at::Tensor const &w_gate, at::Tensor const &w_up, at::Tensor hid,
+    at::Tensor dgate, at::Tensor dup, bool has_b_gate, bool has_b_up, bool has_b_down);
 // GeGLU pointwise with C++ autograd nodes (kernel_src/autograd_nodes/geglu_train.cpp), over geglu_fwd /
 // geglu_bwd: separate contiguous gate/up of one shape, or a contiguous packed x[..., 2d] (gate first).
 at::Tensor geglu_train(at::Tensor const &gate, at::Tensor const &up, int64_t approximate);

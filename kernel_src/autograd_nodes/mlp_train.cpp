@@ -45,6 +45,31 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> geglu_mlp_gemm_train(
   return {std::move(y), std::move(gate), std::move(up)};
 }
 
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> geglu_mlp_bwd_gemms(
+    at::Tensor const &dy, at::Tensor const &x, at::Tensor const &w_gate, at::Tensor const &w_up, at::Tensor hid,
+    at::Tensor dgate, at::Tensor dup, bool has_b_gate, bool has_b_up, bool has_b_down) {
+  // A bias's gradient: the rows' sum accumulated in fp32 and rounded once; 0 elements where the module
+  // has no such bias.
+  auto bias_grad = [](at::Tensor const &g, bool present) {
+    return present ? g.sum(at::IntArrayRef{0}, /*keepdim=*/false, at::kFloat).to(g.scalar_type())
+                   : at::empty({0}, g.options());
+  };
+  at::Tensor d_w_down = at::mm(dy.t(), hid);
+  hid.reset();
+  at::Tensor dx = at::mm(dgate, w_gate);
+  dx.addmm_(dup, w_up);
+  // Each M x I gradient goes after its last reader (mlp.py's order): freed here where the caller
+  // handed over its references, a no-op where it kept them.
+  at::Tensor d_w_gate = at::mm(dgate.t(), x);
+  at::Tensor db_gate = bias_grad(dgate, has_b_gate);
+  dgate.reset();
+  at::Tensor d_w_up = at::mm(dup.t(), x);
+  at::Tensor db_up = bias_grad(dup, has_b_up);
+  dup.reset();
+  return {std::move(dx),      std::move(d_w_gate), std::move(d_w_up), std::move(d_w_down),
+          std::move(db_gate), std::move(db_up),    bias_grad(dy, has_b_down)};
+}
+
 namespace {
 
 using torch::autograd::AutogradContext;
@@ -60,8 +85,8 @@ constexpr const char *kSecondBackward =
     "geglu_mlp(..., recompute=True) to differentiate the graph more than once.";
 
 #if !defined(CUDA_KERNEL)
-// The CPU backward: dh = dy w_down, then dgate/dup and h from the CPU pointwise kernels, and the
-// weight GEMMs in the order of fused_geglu/mlp.py's sequence. Returns what geglu_mlp_gemm_bwd does.
+// The CPU backward: dh = dy w_down, then dgate/dup and h from the CPU pointwise kernels (into buffers
+// of their own: gate/up are only read), then the weight GEMMs. Returns what geglu_mlp_gemm_bwd does.
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> backward_cpu(
     at::Tensor const &dy, at::Tensor const &x, at::Tensor const &w_gate, at::Tensor const &w_up,
     at::Tensor const &w_down, at::Tensor gate, at::Tensor up, int64_t approximate, bool has_b_gate,
@@ -72,21 +97,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tenso
   geglu_fwd(hid, gate, up, approximate);  // hid <- h: dh is used up
   gate.reset();
   up.reset();
-  at::Tensor d_w_down = at::mm(dy.t(), hid);
-  hid.reset();
-  at::Tensor dx = at::mm(dgate, w_gate);
-  dx.addmm_(dup, w_up);
-  auto row_sum = [](at::Tensor const &g, bool present) {
-    return present ? g.sum(at::IntArrayRef{0}, false, at::kFloat).to(g.scalar_type()) : at::Tensor();
-  };
-  at::Tensor d_w_gate = at::mm(dgate.t(), x);
-  at::Tensor db_gate = row_sum(dgate, has_b_gate);
-  dgate.reset();
-  at::Tensor d_w_up = at::mm(dup.t(), x);
-  at::Tensor db_up = row_sum(dup, has_b_up);
-  dup.reset();
-  return {std::move(dx), std::move(d_w_gate), std::move(d_w_up), std::move(d_w_down),
-          std::move(db_gate), std::move(db_up), row_sum(dy, has_b_down)};
+  return geglu_mlp_bwd_gemms(dy, x, w_gate, w_up, std::move(hid), std::move(dgate), std::move(dup), has_b_gate,
+                             has_b_up, has_b_down);
 }
 #endif
 
@@ -236,7 +248,7 @@ geglu_mlp_gemm_bwd_keep(at::Tensor const &dy, at::Tensor const &x, at::Tensor co
   // references are dropped, not the caller's).
   auto [dx, dwg, dwu, dwd, dbg, dbu, dbd] =
       backward_cpu(dy.contiguous(), x, w_gate, w_up, w_down, gate, up, approximate, has_b_gate, has_b_up, has_b_down);
-  auto or_empty = [&](at::Tensor t) { return t.defined() ? t : at::empty({0}, x.options()); };
-  return {std::move(dx), std::move(dwg), std::move(dwu), std::move(dwd), or_empty(dbg), or_empty(dbu), or_empty(dbd)};
+  return {std::move(dx), std::move(dwg), std::move(dwu), std::move(dwd), std::move(dbg), std::move(dbu),
+          std::move(dbd)};
 }
 #endif

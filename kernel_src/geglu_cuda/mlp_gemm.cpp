@@ -28,16 +28,8 @@ at::Tensor geglu_mlp_gemm(at::Tensor const &x, at::Tensor const &w_gate, at::Ten
 }
 
 // geglu_mlp_gemm_train lives in kernel_src/autograd_nodes/mlp_train.cpp: both variants build it
-// (the CPU variant as its compiled training node's forward).
-
-namespace {
-// The sum of a gradient over rows for a bias, accumulated in fp32 and rounded once; a 0-element
-// placeholder where the module has no such bias.
-at::Tensor bias_grad(at::Tensor const &g, bool present) {
-  if (!present) return at::empty({0}, g.options());
-  return g.sum(at::IntArrayRef{0}, /*keepdim=*/false, at::kFloat).to(g.scalar_type());
-}
-}  // namespace
+// (the CPU variant as its compiled training node's forward). So does geglu_mlp_bwd_gemms, the
+// backward's GEMMs after its pointwise step, which both variants' backwards share.
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor>
 geglu_mlp_gemm_bwd_owned(at::Tensor const &dy, at::Tensor const &x, at::Tensor const &w_gate,
@@ -58,26 +50,13 @@ geglu_mlp_gemm_bwd_owned(at::Tensor const &dy, at::Tensor const &x, at::Tensor c
     geglu_bwd_h(dgate, dup, hid, gate, up, approximate);  // hid <- h
   } else {
     geglu_bwd_inplace(gate, up, hid, approximate);  // gate <- dgate, up <- dup, hid <- h
-    dgate = gate;
-    dup = up;
+    dgate = std::move(gate);
+    dup = std::move(up);
   }
   gate.reset();  // dgate/dup hold what is still needed (the same buffers in place)
   up.reset();
-  at::Tensor d_w_down = at::mm(dy.t(), hid);
-  hid.reset();
-  at::Tensor dx = at::mm(dgate, w_gate);
-  dx.addmm_(dup, w_up);
-  // Each M x I gradient goes after its last reader (mlp.py's order): freed here where the caller
-  // handed over its references, a no-op where it kept them.
-  at::Tensor d_w_gate = at::mm(dgate.t(), x);
-  at::Tensor db_gate = bias_grad(dgate, has_b_gate);
-  dgate.reset();
-  at::Tensor d_w_up = at::mm(dup.t(), x);
-  at::Tensor db_up = bias_grad(dup, has_b_up);
-  dup.reset();
-  at::Tensor db_down = bias_grad(dy, has_b_down);
-  return {std::move(dx),      std::move(d_w_gate), std::move(d_w_up), std::move(d_w_down),
-          std::move(db_gate), std::move(db_up),    std::move(db_down)};
+  return geglu_mlp_bwd_gemms(dy, x, w_gate, w_up, std::move(hid), std::move(dgate), std::move(dup), has_b_gate,
+                             has_b_up, has_b_down);
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor>
