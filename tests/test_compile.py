@@ -142,7 +142,7 @@ def test_opcheck(kernel, device, name):
     torch.library.opcheck(getattr(op, name), args)
 
 
-@pytest.mark.parametrize("name", ["geglu_mlp_train_fwd", "geglu_mlp_gemm_bwd_keep"])
+@pytest.mark.parametrize("name", ["geglu_mlp_train_fwd", "geglu_mlp_gemm_bwd_keep", "geglu_mlp_fwd_planned"])
 def test_opcheck_traced_training_ops(kernel, device, name):
     """The two compiled ops a traced training step calls directly (``mlp._traced_training``): schema,
     the fake kernels and the forward's autograd registered in fused_geglu/mlp.py, AOT dispatch."""
@@ -153,6 +153,8 @@ def test_opcheck_traced_training_ops(kernel, device, name):
     bg = randn(i, device=device, requires_grad=True)
     if name == "geglu_mlp_train_fwd":
         args = (x, wg, wu, wd, bg, None, None, 1, -2, 1, 0)  # -2: the vendor-GEMM launch
+    elif name == "geglu_mlp_fwd_planned":  # inference: no input needs a gradient
+        args = (x.detach(), wg.detach(), wu.detach(), wd.detach(), bg.detach(), None, None, 0, -2, 1, 0)
     else:
         gate, up = randn(m, i, device=device), randn(m, i, device=device)
         args = (dy, x.detach(), wg.detach(), wu.detach(), wd.detach(), gate, up, 0, True, False, True)
@@ -235,6 +237,52 @@ def test_make_fx_training_step_records_the_compiled_ops(kernel, device):
     got, want = gm(*leaves, dy), step(*leaves, dy)
     for a, b in zip(got, want):
         torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("shape", [((3, 37), 48, 200, torch.float32), ((2, 160), 264, 392, torch.bfloat16),
+                                   ((1024,), 1152, 1024, torch.bfloat16)], ids=str)
+def test_traced_inference_calls_the_planned_op(kernel, device, shape):
+    """An inference forward traced with static sizes calls ``geglu_mlp_fwd_planned`` with the plan of
+    an eager no-grad call (on the H200: cuBLAS + pointwise for the second shape, the CUTLASS gate+up
+    GEMM for the third) and gives that call's bits; symbolic sizes keep the custom op. At decode sizes,
+    where the plan under CUDA-graph capture differs, the custom op stays (it chooses per call)."""
+    lead, h, i, dtype = shape
+    if device == "cpu" and dtype != torch.float32:
+        pytest.skip("the CPU variant's plan is the same at every size: the fp32 case covers it")
+    if device == "cuda" and dtype == torch.float32:
+        pytest.skip("fp32 on CUDA: the policy's pick varies with the GPU; the bf16 cases are the ones planned")
+    os.environ.pop("FUSED_GEGLU_BACKEND", None)
+    x = randn(*lead, h, device=device, dtype=dtype)
+    wg, wu = (randn(i, h, device=device, dtype=dtype, scale=h**-0.5) for _ in range(2))
+    wd = randn(h, i, device=device, dtype=dtype, scale=i**-0.5)
+    bd = randn(h, device=device, dtype=dtype)
+
+    def fn(x, wg, wu, wd, bd):
+        return kernel.geglu_mlp(x, wg, wu, wd, None, None, bd, approximate="none")
+
+    from torch._dynamo.backends.common import aot_autograd
+    from functorch.compile import make_boxed_func
+
+    want = fn(x, wg, wu, wd, bd)
+    for dynamic, op in ((False, "geglu_mlp_fwd_planned"), (True, "geglu_mlp_fwd_op")):
+        seen = []
+
+        def keep(gm, _):
+            seen.append({str(n.target).split(".")[-2] for n in gm.graph.nodes if kernel.OPS_ID in str(n.target)})
+            return make_boxed_func(gm)
+
+        torch._dynamo.reset()
+        got = torch.compile(fn, backend=aot_autograd(fw_compiler=keep), fullgraph=True, dynamic=dynamic)(
+            x, wg, wu, wd, bd)
+        assert seen == [{op}], f"dynamic={dynamic}: the graph calls {seen}, expected {op}"
+        assert torch.equal(got, want), f"dynamic={dynamic}: y differs from the eager no-grad call's"
+    torch._dynamo.reset()
+    if device == "cuda":  # M = 16: the plan under capture is the Triton decode kernel's
+        seen.clear()
+        x16 = randn(16, h, device=device, dtype=dtype)
+        torch.compile(fn, backend=aot_autograd(fw_compiler=keep), fullgraph=True)(x16, wg, wu, wd, bd)
+        assert seen == [{"geglu_mlp_fwd_op"}], seen
+        torch._dynamo.reset()
 
 
 @pytest.mark.gpu

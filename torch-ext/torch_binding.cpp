@@ -17,11 +17,15 @@ TORCH_LIBRARY_EXPAND(TORCH_EXTENSION_NAME, ops) {
       "geglu_mlp_train(Tensor x, Tensor w_gate, Tensor w_up, Tensor w_down, Tensor? b_gate, Tensor? b_up, "
       "Tensor? b_down, int approximate, int tile, int swizzle, int raster) -> Tensor");
   // A traced training step's forward and backward (kernel_src/autograd_nodes/mlp_train.cpp, and
-  // kernel_src/geglu_cuda/mlp_gemm.cpp for the CUDA backward): plain ops at the backend key, which a
-  // compiled graph calls directly; fused_geglu/mlp.py gives them their fake kernels and autograd.
+  // kernel_src/geglu_cuda/mlp_gemm.cpp for the CUDA backward) and a traced inference forward
+  // (kernel_src/autograd_nodes/mlp_infer.cpp): plain ops at the backend key, which a compiled graph
+  // calls directly; fused_geglu/mlp.py gives them their fake kernels and the training forward's autograd.
   ops.def(
       "geglu_mlp_train_fwd(Tensor x, Tensor w_gate, Tensor w_up, Tensor w_down, Tensor? b_gate, Tensor? b_up, "
       "Tensor? b_down, int approximate, int tile, int swizzle, int raster) -> (Tensor, Tensor, Tensor)");
+  ops.def(
+      "geglu_mlp_fwd_planned(Tensor x, Tensor w_gate, Tensor w_up, Tensor w_down, Tensor? b_gate, Tensor? b_up, "
+      "Tensor? b_down, int approximate, int tile, int swizzle, int raster) -> Tensor");
   ops.def(
       "geglu_mlp_gemm_bwd_keep(Tensor dy, Tensor x, Tensor w_gate, Tensor w_up, Tensor w_down, Tensor gate, "
       "Tensor up, int approximate, bool has_b_gate, bool has_b_up, bool has_b_down) -> "
@@ -49,6 +53,7 @@ TORCH_LIBRARY_EXPAND(TORCH_EXTENSION_NAME, ops) {
   ops.impl("geglu_mlp_train", torch::dispatch(c10::DispatchKey::AutogradCPU, TORCH_FN(geglu_mlp_train)));
   ops.impl("geglu_mlp_train_fwd", c10::kCPU, &geglu_mlp_train_fwd);
   ops.impl("geglu_mlp_gemm_bwd_keep", c10::kCPU, &geglu_mlp_gemm_bwd_keep);
+  ops.impl("geglu_mlp_fwd_planned", c10::kCPU, &geglu_mlp_fwd_planned);
   ops.impl("geglu_train", torch::dispatch(c10::DispatchKey::AutogradCPU, TORCH_FN(geglu_train)));
   ops.impl("geglu_packed_train", torch::dispatch(c10::DispatchKey::AutogradCPU, TORCH_FN(geglu_packed_train)));
   ops.impl("geglu_infer", c10::kCPU, &geglu_infer);
@@ -62,6 +67,7 @@ TORCH_LIBRARY_EXPAND(TORCH_EXTENSION_NAME, ops) {
   ops.impl("geglu_mlp_train", torch::dispatch(c10::DispatchKey::AutogradCUDA, TORCH_FN(geglu_mlp_train)));
   ops.impl("geglu_mlp_train_fwd", c10::kCUDA, &geglu_mlp_train_fwd);
   ops.impl("geglu_mlp_gemm_bwd_keep", c10::kCUDA, &geglu_mlp_gemm_bwd_keep);
+  ops.impl("geglu_mlp_fwd_planned", c10::kCUDA, &geglu_mlp_fwd_planned);
   ops.impl("geglu_train", torch::dispatch(c10::DispatchKey::AutogradCUDA, TORCH_FN(geglu_train)));
   ops.impl("geglu_packed_train", torch::dispatch(c10::DispatchKey::AutogradCUDA, TORCH_FN(geglu_packed_train)));
   ops.impl("geglu_infer", c10::kCUDA, &geglu_infer);

@@ -76,6 +76,12 @@ at::Tensor geglu_mlp_infer(at::Tensor const &x, at::Tensor const &w_gate, at::Te
                            at::Tensor const &w_down, std::optional<at::Tensor> const &b_gate,
                            std::optional<at::Tensor> const &b_up, std::optional<at::Tensor> const &b_down,
                            int64_t approximate, int64_t tile, int64_t swizzle, int64_t raster);
+// geglu_mlp_infer as a traced inference graph's node: never undefined (falls back from an sm90 launch
+// the operands do not fit to the vendor-GEMM sequence, else raises).
+at::Tensor geglu_mlp_fwd_planned(at::Tensor const &x, at::Tensor const &w_gate, at::Tensor const &w_up,
+                                 at::Tensor const &w_down, std::optional<at::Tensor> const &b_gate,
+                                 std::optional<at::Tensor> const &b_up, std::optional<at::Tensor> const &b_down,
+                                 int64_t approximate, int64_t tile, int64_t swizzle, int64_t raster);
 at::Tensor geglu_mlp_infer_decline(at::Tensor const &x, at::Tensor const &w_gate, at::Tensor const &w_up,
                                    at::Tensor const &w_down, std::optional<at::Tensor> const &b_gate,
                                    std::optional<at::Tensor> const &b_up, std::optional<at::Tensor> const &b_down,

@@ -15,7 +15,10 @@ all host time (x [4, 8], I = 16; fp32 on CPU, bf16 on CUDA, where the GPU keeps 
 - ``compiled_step_custom_ops`` / ``compiled_step_compiled_ops``: a whole training step (forward and
   backward) of the MLP compiled with inductor, its graphs calling the custom ops as above, or (the
   default for static sizes, ``mlp._traced_training``) ``geglu_mlp_train_fwd`` and
-  ``geglu_mlp_gemm_bwd_keep`` directly; inputs that require grad, so this one runs with autograd.
+  ``geglu_mlp_gemm_bwd_keep`` directly; inputs that require grad, so this one runs with autograd;
+- ``compiled_fwd_custom_op`` / ``compiled_fwd_planned_op``: an inductor-compiled inference forward,
+  its graph calling ``geglu_mlp_fwd_op`` or (static sizes, ``mlp._traced_inference``)
+  ``geglu_mlp_fwd_planned``.
 Per entry: the best (lowest) mean µs per call over ``--rounds`` rounds of ``--calls`` calls. Loads the
 kernel the way users do (the staged cache).
 """
@@ -97,6 +100,15 @@ def main() -> int:
         results[name] = best_us(lambda: loss(*leaves).backward(), args.calls // 4, args.rounds, sync)
         print(f"{name:27} {results[name]:7.1f} us", flush=True)
     mlp._traced_training = traced
+    planned = mlp._traced_inference
+    for name, route in (("compiled_fwd_custom_op", lambda *a: None), ("compiled_fwd_planned_op", planned)):
+        mlp._traced_inference = route
+        torch._dynamo.reset()
+        fwd = torch.compile(lambda *a: k.geglu_mlp(*a), fullgraph=True)
+        with torch.no_grad():
+            results[name] = best_us(lambda: fwd(x, wg, wu, wd), args.calls // 4, args.rounds, sync)
+        print(f"{name:27} {results[name]:7.1f} us", flush=True)
+    mlp._traced_inference = planned
     torch._dynamo.reset()
     env = {"device": torch.cuda.get_device_name() if dev.type == "cuda" else f"cpu ({platform.machine()})",
            "torch": torch.__version__, "threads": torch.get_num_threads(),

@@ -148,3 +148,21 @@ at::Tensor geglu_mlp_infer_decline(at::Tensor const &, at::Tensor const &, at::T
                                    int64_t, int64_t, int64_t, int64_t) {
   return {};
 }
+
+// The same forward as a traced graph's node (torch.compile with static sizes, inference): the plan was
+// made when the graph was traced (fused_geglu/mlp.py, _traced_inference), so where the planned sm90
+// launch's operands are not ones the CUTLASS GEMM takes (pointers, known only now) it runs the
+// vendor-GEMM sequence; a call neither sequence takes is an error, not a None a graph cannot use.
+at::Tensor geglu_mlp_fwd_planned(at::Tensor const &x, at::Tensor const &w_gate, at::Tensor const &w_up,
+                                 at::Tensor const &w_down, std::optional<at::Tensor> const &b_gate,
+                                 std::optional<at::Tensor> const &b_up, std::optional<at::Tensor> const &b_down,
+                                 int64_t approximate, int64_t tile, int64_t swizzle, int64_t raster) {
+  at::Tensor y = geglu_mlp_infer(x, w_gate, w_up, w_down, b_gate, b_up, b_down, approximate, tile, swizzle, raster);
+  if (!y.defined() && tile != kGemmPointwise) {
+    y = geglu_mlp_infer(x, w_gate, w_up, w_down, b_gate, b_up, b_down, approximate, kGemmPointwise, 1, 0);
+  }
+  TORCH_CHECK(y.defined(), "geglu_mlp_fwd_planned: the traced plan does not take these operands (x ", x.sizes(),
+              " with strides ", x.strides(), ", ", x.scalar_type(), " on ", x.device(), "; w_gate ", w_gate.sizes(),
+              "), or an input needs a gradient where the graph was traced for inference");
+  return y;
+}

@@ -418,7 +418,7 @@ def _cpp_training_launch(x, w_gate, w_up, backend: str):
     return _GEMM_POINTWISE, "cuda+gemm", "cuda"
 
 
-# ---- a traced training step: two compiled ops as the graph's nodes ------------------------------
+# ---- a traced step: the compiled ops as the graph's nodes --------------------------------------
 # A graph traced for training (torch.compile) gets ``geglu_mlp_train_fwd`` (the C++ training node's
 # forward, without a node) and, in its backward, ``geglu_mlp_gemm_bwd_keep`` (the one-call backward
 # leaving the graph's gate/up alone), with the launch planned once, here, from the static sizes. The
@@ -427,6 +427,7 @@ def _cpp_training_launch(x, w_gate, w_up, backend: str):
 # host (benchmarks/results/traced-op-host-h200-119ef4d.json) in a step the host already limits.
 # Symbolic sizes (dynamic=True), a forced backend and anything the C++ node would not run keep the
 # custom ops (``geglu_mlp_fwd_op``), which choose per call. $FUSED_GEGLU_ONE_CALL=0 also keeps them.
+# Inference likewise: ``geglu_mlp_fwd_planned`` runs geglu_mlp_infer's plan (``_traced_inference``).
 
 
 def _traced_plan(device: torch.device, m: int, h: int, i: int, sm90_shapes: bool) -> tuple[int, int, int] | None:
@@ -450,13 +451,15 @@ def _traced_plan(device: torch.device, m: int, h: int, i: int, sm90_shapes: bool
 
 
 @torch.compiler.allow_in_graph
-def _traced_training_step(x, w_gate, w_up, w_down, b_gate, b_up, b_down, approximate: str):
-    """The traced training forward as one node of dynamo's graph. Dynamo does not look inside: the
-    plan needs the sizes as numbers, which dynamo's symbolic sizes do not always say they are not. The
-    AOT tracer that follows runs it on fake tensors, where they do, and records the ops it calls."""
-    y = _traced_training(x, w_gate, w_up, w_down, b_gate, b_up, b_down, approximate)
+def _traced_step(x, w_gate, w_up, w_down, b_gate, b_up, b_down, approximate: str, train: bool):
+    """The traced forward (training: ``_traced_training``, inference: ``_traced_inference``) as one
+    node of dynamo's graph. Dynamo does not look inside: the plan needs the sizes as numbers, which
+    dynamo's symbolic sizes do not always say they are not. The AOT tracer that follows runs it on fake
+    tensors, where they do, and records the ops it calls; the custom op where there is no plan."""
+    args = (x, w_gate, w_up, w_down, b_gate, b_up, b_down, approximate)
+    y = _traced_training(*args) if train else _traced_inference(*args)
     if y is None:
-        y = geglu_mlp_fwd_op(x, w_gate, w_up, w_down, b_gate, b_up, b_down, approximate, True, "auto")[0]
+        y = geglu_mlp_fwd_op(*args, train, "auto")[0]
     return y
 
 
@@ -476,6 +479,24 @@ def _traced_training(x, w_gate, w_up, w_down, b_gate, b_up, b_down, approximate:
     return y
 
 
+def _traced_inference(x, w_gate, w_up, w_down, b_gate, b_up, b_down, approximate: str):
+    """y from ``geglu_mlp_fwd_planned`` (geglu_mlp_infer's sequences as a graph node) with the plan of
+    an eager no-grad call of these sizes, or None: symbolic sizes, no plan, or a plan that differs
+    under CUDA-graph capture (decode sizes: the Triton kernels there), which only the custom op,
+    choosing per call, can follow into a captured graph."""
+    i, h = w_gate.shape
+    if (not x.is_contiguous() or not all(type(v) is int for v in (*x.shape, i, h)) or h == 0
+            or not _dispatch.compiled_has("geglu_mlp_fwd_planned", x.device.type)):
+        return None
+    m = x.numel() // h
+    plans = [_infer_plan(x.device, x.dtype, m, h, i, capturing) for capturing in (0, 1)]
+    if plans[0] is None or (x.device.type == "cuda" and plans[1] != plans[0]):
+        return None
+    _, tile, swizzle, raster = plans[0]
+    return ops.geglu_mlp_fwd_planned(x, w_gate, w_up, w_down, b_gate, b_up, b_down,
+                                     0 if approximate == "none" else 1, tile, swizzle, raster)
+
+
 def _register_traced_ops() -> None:
     """Fake kernels and autograd of the two ops, where this variant has them."""
     if not hasattr(ops, "geglu_mlp_train_fwd"):
@@ -487,6 +508,10 @@ def _register_traced_ops() -> None:
         i, h = w_gate.shape
         m = x.numel() // h
         return x.new_empty((*x.shape[:-1], w_down.shape[0])), x.new_empty((m, i)), x.new_empty((m, i))
+
+    @torch.library.register_fake(add_op_namespace_prefix("geglu_mlp_fwd_planned"))
+    def _(x, w_gate, w_up, w_down, b_gate, b_up, b_down, approximate, tile, swizzle, raster):
+        return x.new_empty((*x.shape[:-1], w_down.shape[0]))
 
     @torch.library.register_fake(bwd)
     def _(dy, x, w_gate, w_up, w_down, gate, up, approximate, has_b_gate, has_b_up, has_b_down):
@@ -628,11 +653,13 @@ def geglu_mlp(x: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor, w_down:
         # Inference in eager mode: straight to the implementation (no op dispatch, no placeholder
         # outputs); at decode sizes the host time per call is what the GPU waits on.
         return _forward(*args, approximate, False, backend)[0]
-    if tracing and needs_grad and not recompute and backend == "auto":
+    if tracing and (not needs_grad or not recompute) and backend == "auto":
+        # A graph being traced: the compiled ops as its nodes where a plan exists (see _traced_training).
         if torch.compiler.is_compiling():
-            return _traced_training_step(*args, approximate)
+            return _traced_step(*args, approximate, needs_grad)
         if torch._C._len_torch_dispatch_stack() > 0:  # another tracer (make_fx, export): plain Python
-            y = _traced_training(*args, approximate)  # (a tensor subclass in eager mode keeps the custom op)
+            # (a tensor subclass in eager mode keeps the custom op)
+            y = _traced_training(*args, approximate) if needs_grad else _traced_inference(*args, approximate)
             if y is not None:
                 return y
     route = _cpp_training_launch(x, w_gate, w_up, backend) if needs_grad and not recompute and not tracing else None
