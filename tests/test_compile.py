@@ -161,6 +161,12 @@ def test_opcheck_traced_training_ops(kernel, device, name):
     torch.library.opcheck(getattr(op, name), args)
 
 
+# (lead, H, I, dtype) of the traced-plan tests; on the H200 the bf16 ones are the cuBLAS + pointwise and
+# the CUTLASS gate+up launches, on CPU all three the CPU sequence.
+_PLANNED_SHAPES = [((3, 37), 48, 200, torch.float32), ((2, 160), 264, 392, torch.bfloat16),
+                   ((1024,), 1152, 1024, torch.bfloat16)]
+
+
 def _traced_ops(kernel, fn, leaves, dy, dynamic):
     """(the kernel's ops in the compiled forward and backward graphs, y, gradients) of ``fn`` compiled
     with AOTAutograd running the traced graphs as they are (aot_eager, with the graphs kept)."""
@@ -182,8 +188,7 @@ def _traced_ops(kernel, fn, leaves, dy, dynamic):
     return seen, y.detach(), grads
 
 
-@pytest.mark.parametrize("shape", [((3, 37), 48, 200, torch.float32), ((2, 160), 264, 392, torch.bfloat16),
-                                   ((1024,), 1152, 1024, torch.bfloat16)], ids=str)
+@pytest.mark.parametrize("shape", _PLANNED_SHAPES, ids=str)
 def test_traced_training_step_calls_the_compiled_ops(kernel, device, shape):
     """A training step traced with static sizes calls ``geglu_mlp_train_fwd`` and, in its backward,
     ``geglu_mlp_gemm_bwd_keep`` (the launch planned at trace time), where the auto policy's eager step
@@ -191,10 +196,6 @@ def test_traced_training_step_calls_the_compiled_ops(kernel, device, shape):
     shape is cuBLAS + pointwise, the third the CUTLASS gate+up GEMM). Symbolic sizes keep the custom
     ops, also with eager's bits."""
     lead, h, i, dtype = shape
-    if device == "cpu" and dtype != torch.float32:
-        pytest.skip("the CPU variant's plan is the same at every size: the fp32 case covers it")
-    if device == "cuda" and dtype == torch.float32:
-        pytest.skip("fp32 on CUDA: the policy's pick varies with the GPU; the bf16 cases are the ones planned")
     os.environ.pop("FUSED_GEGLU_BACKEND", None)
     x = randn(*lead, h, device=device, dtype=dtype, requires_grad=True)
     wg, wu = (randn(i, h, device=device, dtype=dtype, scale=h**-0.5, requires_grad=True) for _ in range(2))
@@ -239,18 +240,13 @@ def test_make_fx_training_step_records_the_compiled_ops(kernel, device):
         torch.testing.assert_close(a, b, rtol=0, atol=0)
 
 
-@pytest.mark.parametrize("shape", [((3, 37), 48, 200, torch.float32), ((2, 160), 264, 392, torch.bfloat16),
-                                   ((1024,), 1152, 1024, torch.bfloat16)], ids=str)
+@pytest.mark.parametrize("shape", _PLANNED_SHAPES, ids=str)
 def test_traced_inference_calls_the_planned_op(kernel, device, shape):
     """An inference forward traced with static sizes calls ``geglu_mlp_fwd_planned`` with the plan of
     an eager no-grad call (on the H200: cuBLAS + pointwise for the second shape, the CUTLASS gate+up
     GEMM for the third) and gives that call's bits; symbolic sizes keep the custom op. At decode sizes,
     where the plan under CUDA-graph capture differs, the custom op stays (it chooses per call)."""
     lead, h, i, dtype = shape
-    if device == "cpu" and dtype != torch.float32:
-        pytest.skip("the CPU variant's plan is the same at every size: the fp32 case covers it")
-    if device == "cuda" and dtype == torch.float32:
-        pytest.skip("fp32 on CUDA: the policy's pick varies with the GPU; the bf16 cases are the ones planned")
     os.environ.pop("FUSED_GEGLU_BACKEND", None)
     x = randn(*lead, h, device=device, dtype=dtype)
     wg, wu = (randn(i, h, device=device, dtype=dtype, scale=h**-0.5) for _ in range(2))
