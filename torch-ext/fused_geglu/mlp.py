@@ -24,6 +24,7 @@ frees each as soon as its last GEMM has read it; a second backward through the s
 from __future__ import annotations
 
 import os
+from typing import Callable
 
 import torch
 import torch.nn.functional as F
@@ -397,19 +398,30 @@ def _cpp_training_launch(x, w_gate, w_up, backend: str):
     m = x.numel() // h if h else 0
     if m == 0:
         return None
+    # Up to the element bound only where saved-tensor hooks hold gate/up (the node frees them part-way
+    # otherwise, kernel_src/autograd_nodes/mlp_train.cpp).
+    if device.type == "cuda" and m * i > ONE_CALL_BWD_MAX_ELEMS and _saved_tensor_hooks_active():
+        return None
+    capturing = policy.capturing(device) if backend == "auto" and device.type == "cuda" else None
+    return _training_launch(device, backend, m, h, i, capturing,
+                            lambda: sm90_weights.usable(x.view(m, h), w_gate, w_up))
+
+
+def _training_launch(device: torch.device, backend: str, m: int, h: int, i: int, capturing: int | None,
+                     sm90_takes: Callable[[], bool]):
+    """The C++ training node's sequence at these sizes (``_cpp_training_launch``'s result), for the
+    eager node and for a traced step's plan alike; ``sm90_takes()``: whether the CUTLASS gate+up GEMM
+    takes the operands (asked only where its launch would run)."""
     if device.type == "cpu":
         return (_GEMM_POINTWISE, "cpu+gemm", "cpu") if _pick(device, backend, m, h, i) == "cpu" else None
     auto = backend == "auto"
-    capturing = policy.capturing(device) if auto else None
     # The backward must be the one-call sequence: no sm90 dh launch and (under the auto policy) the
-    # CUDA in-place pointwise kernel; up to the element bound only where saved-tensor hooks hold
-    # gate/up (the node frees them part-way otherwise, kernel_src/autograd_nodes/mlp_train.cpp).
-    if ((m * i > ONE_CALL_BWD_MAX_ELEMS and _saved_tensor_hooks_active())
-            or _pick(device, backend, m, h, i, capturing) != "cuda"
+    # CUDA in-place pointwise kernel.
+    if (_pick(device, backend, m, h, i, capturing) != "cuda"
             or sm90_weights.dh_launch(policy.sm90_dh_launch(m, h, device)) is not None
             or (auto and _geglu._pick(device, "auto", "bwd_inplace", m * i, True) != "cuda")):
         return None
-    if _dispatch.compiled_has("geglu_gateup_sm90", "cuda") and sm90_weights.usable(x.view(m, h), w_gate, w_up):
+    if _dispatch.compiled_has("geglu_gateup_sm90", "cuda") and sm90_takes():
         run, launch = _sm90_launch(m, h, device, True, capturing, auto)
         if run:
             return sm90_weights.parse_launch(launch), "cuda:sm90", "cuda"
@@ -437,17 +449,8 @@ def _traced_plan(device: torch.device, m: int, h: int, i: int, sm90_shapes: bool
     if m == 0 or not (_dispatch.compiled_has("geglu_mlp_train_fwd", device.type)
                       and _dispatch.compiled_has("geglu_mlp_gemm_bwd_keep", device.type)):
         return None
-    if device.type == "cpu":
-        return _GEMM_POINTWISE if _pick(device, "auto", m, h, i) == "cpu" else None
-    if (_pick(device, "auto", m, h, i, 0) != "cuda"
-            or sm90_weights.dh_launch(policy.sm90_dh_launch(m, h, device)) is not None
-            or _geglu._pick(device, "auto", "bwd_inplace", m * i, True) != "cuda"):
-        return None
-    if sm90_shapes and _dispatch.compiled_has("geglu_gateup_sm90", "cuda"):
-        run, launch = _sm90_launch(m, h, device, True, 0, True)
-        if run:
-            return sm90_weights.parse_launch(launch)
-    return _GEMM_POINTWISE if _geglu._pick(device, "auto", "fwd", m * i, True) == "cuda" else None
+    route = _training_launch(device, "auto", m, h, i, 0 if device.type == "cuda" else None, lambda: sm90_shapes)
+    return None if route is None else route[0]
 
 
 @torch.compiler.allow_in_graph
