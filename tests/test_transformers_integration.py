@@ -12,7 +12,6 @@ per dtype (the floor covers outputs where eager itself is almost exact).
 from __future__ import annotations
 
 import copy
-import importlib
 import json
 
 import pytest
