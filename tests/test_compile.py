@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import os
 import subprocess
 import sys
@@ -238,6 +239,28 @@ def test_make_fx_training_step_records_the_compiled_ops(kernel, device):
     got, want = gm(*leaves, dy), step(*leaves, dy)
     for a, b in zip(got, want):
         torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+
+def test_traced_ops_switch_keeps_the_custom_ops(kernel, device, monkeypatch):
+    """``FUSED_GEGLU_TRACED_OPS=0`` (``mlp.TRACED_OPS``): traced graphs call the custom ops again, with
+    the same values."""
+    mlp = importlib.import_module(kernel.__name__ + ".mlp")
+    m, h, i = 6, 16, 24
+    leaves = [randn(m, h, device=device, requires_grad=True),
+              *(randn(*s, device=device, scale=0.3, requires_grad=True) for s in ((i, h), (i, h), (h, i)))]
+    dy = randn(m, h, device=device)
+
+    def fn(x, wg, wu, wd):
+        return kernel.geglu_mlp(x, wg, wu, wd)
+
+    seen = {}
+    for on in (True, False):
+        monkeypatch.setattr(mlp, "TRACED_OPS", on)
+        seen[on] = _traced_ops(kernel, fn, leaves, dy, dynamic=False)
+    assert seen[True][0] == [{"geglu_mlp_train_fwd"}, {"geglu_mlp_gemm_bwd_keep"}], seen[True][0]
+    assert seen[False][0] == [{"geglu_mlp_fwd_op"}, {"geglu_mlp_bwd_op"}], seen[False][0]
+    for a, b in zip(seen[True][1:], seen[False][1:]):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize("shape", _PLANNED_SHAPES, ids=str)

@@ -440,6 +440,9 @@ def _training_launch(device: torch.device, backend: str, m: int, h: int, i: int,
 # Symbolic sizes (dynamic=True), a forced backend and anything the C++ node would not run keep the
 # custom ops (``geglu_mlp_fwd_op``), which choose per call. $FUSED_GEGLU_ONE_CALL=0 also keeps them.
 # Inference likewise: ``geglu_mlp_fwd_planned`` runs geglu_mlp_infer's plan (``_traced_inference``).
+# $FUSED_GEGLU_TRACED_OPS=0 (read at load) keeps the custom ops in every traced graph, for measuring
+# and as a way back.
+TRACED_OPS = os.environ.get("FUSED_GEGLU_TRACED_OPS", "1").strip().lower() not in ("0", "no", "off", "false")
 
 
 def _traced_plan(device: torch.device, m: int, h: int, i: int, sm90_shapes: bool) -> tuple[int, int, int] | None:
@@ -470,7 +473,7 @@ def _traced_training(x, w_gate, w_up, w_down, b_gate, b_up, b_down, approximate:
     """y from the two compiled ops, or None where the custom ops must run (see above)."""
     i, h = w_gate.shape
     sizes = (*x.shape, i, h)
-    if not ONE_CALL or not x.is_contiguous() or not all(type(v) is int for v in sizes):
+    if not (TRACED_OPS and ONE_CALL and x.is_contiguous() and all(type(v) is int for v in sizes)):
         return None
     m = x.numel() // h if h else 0
     sm90_shapes = x.device.type == "cuda" and m > 0 and sm90_weights.shapes_usable(x.view(m, h), w_gate, w_up)
@@ -488,7 +491,7 @@ def _traced_inference(x, w_gate, w_up, w_down, b_gate, b_up, b_down, approximate
     under CUDA-graph capture (decode sizes: the Triton kernels there), which only the custom op,
     choosing per call, can follow into a captured graph."""
     i, h = w_gate.shape
-    if (not x.is_contiguous() or not all(type(v) is int for v in (*x.shape, i, h)) or h == 0
+    if (not TRACED_OPS or not x.is_contiguous() or not all(type(v) is int for v in (*x.shape, i, h)) or h == 0
             or not _dispatch.compiled_has("geglu_mlp_fwd_planned", x.device.type)):
         return None
     m = x.numel() // h
