@@ -168,6 +168,15 @@ _PLANNED_SHAPES = [((3, 37), 48, 200, torch.float32), ((2, 160), 264, 392, torch
                    ((1024,), 1152, 1024, torch.bfloat16)]
 
 
+@pytest.fixture
+def traced_ops_on(kernel, device, monkeypatch):
+    """The traced route switched on for the test's device (``mlp.TRACED_OPS_DEVICES``; CUDA's default
+    is off until a GPU run verifies it: these tests are that run)."""
+    mlp = importlib.import_module(kernel.__name__ + ".mlp")
+    monkeypatch.setattr(mlp, "TRACED_OPS_DEVICES", mlp.TRACED_OPS_DEVICES | {device})
+    return mlp
+
+
 def _traced_ops(kernel, fn, leaves, dy, dynamic):
     """(the kernel's ops in the compiled forward and backward graphs, y, gradients) of ``fn`` compiled
     with AOTAutograd running the traced graphs as they are (aot_eager, with the graphs kept)."""
@@ -190,7 +199,7 @@ def _traced_ops(kernel, fn, leaves, dy, dynamic):
 
 
 @pytest.mark.parametrize("shape", _PLANNED_SHAPES, ids=str)
-def test_traced_training_step_calls_the_compiled_ops(kernel, device, shape):
+def test_traced_training_step_calls_the_compiled_ops(kernel, device, shape, traced_ops_on):
     """A training step traced with static sizes calls ``geglu_mlp_train_fwd`` and, in its backward,
     ``geglu_mlp_gemm_bwd_keep`` (the launch planned at trace time), where the auto policy's eager step
     runs the C++ training node; it gives that node's bits (the same kernels: on the H200 the second
@@ -219,7 +228,7 @@ def test_traced_training_step_calls_the_compiled_ops(kernel, device, shape):
             assert torch.equal(a, b), f"dynamic={dynamic}: {name} differs from the eager C++ node's"
 
 
-def test_make_fx_training_step_records_the_compiled_ops(kernel, device):
+def test_make_fx_training_step_records_the_compiled_ops(kernel, device, traced_ops_on):
     """Tracers other than dynamo (make_fx, and export on top of it) take the same plan in plain Python:
     the traced forward and backward are the two compiled ops, with eager's values."""
     from torch.fx.experimental.proxy_tensor import make_fx
@@ -242,8 +251,8 @@ def test_make_fx_training_step_records_the_compiled_ops(kernel, device):
 
 
 def test_traced_ops_switch_keeps_the_custom_ops(kernel, device, monkeypatch):
-    """``FUSED_GEGLU_TRACED_OPS=0`` (``mlp.TRACED_OPS``): traced graphs call the custom ops again, with
-    the same values."""
+    """``FUSED_GEGLU_TRACED_OPS=0`` (``mlp.TRACED_OPS_DEVICES`` without the device): traced graphs call
+    the custom ops again, with the same values."""
     mlp = importlib.import_module(kernel.__name__ + ".mlp")
     m, h, i = 6, 16, 24
     leaves = [randn(m, h, device=device, requires_grad=True),
@@ -255,7 +264,7 @@ def test_traced_ops_switch_keeps_the_custom_ops(kernel, device, monkeypatch):
 
     seen = {}
     for on in (True, False):
-        monkeypatch.setattr(mlp, "TRACED_OPS", on)
+        monkeypatch.setattr(mlp, "TRACED_OPS_DEVICES", frozenset({device} if on else ()))
         seen[on] = _traced_ops(kernel, fn, leaves, dy, dynamic=False)
     assert seen[True][0] == [{"geglu_mlp_train_fwd"}, {"geglu_mlp_gemm_bwd_keep"}], seen[True][0]
     assert seen[False][0] == [{"geglu_mlp_fwd_op"}, {"geglu_mlp_bwd_op"}], seen[False][0]
@@ -263,8 +272,27 @@ def test_traced_ops_switch_keeps_the_custom_ops(kernel, device, monkeypatch):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
 
 
+def test_traced_ops_default_devices(kernel, device):
+    """$FUSED_GEGLU_TRACED_OPS: unset, the traced route is CPU's only (CUDA's awaits a GPU run); '1'
+    every device, '0' none; anything else is refused, naming the variable. A device outside the set
+    (CUDA by default) gets the custom ops in its graphs."""
+    mlp = importlib.import_module(kernel.__name__ + ".mlp")
+    assert mlp._traced_ops_devices(None) == mlp._traced_ops_devices(" ") == {"cpu"}
+    assert mlp._traced_ops_devices("1") == mlp._traced_ops_devices("ON") == {"cpu", "cuda"}
+    assert mlp._traced_ops_devices("0") == mlp._traced_ops_devices("off") == frozenset()
+    with pytest.raises(ValueError, match="FUSED_GEGLU_TRACED_OPS"):
+        mlp._traced_ops_devices("cuda-only")
+    assert mlp.TRACED_OPS_DEVICES == mlp._traced_ops_devices(os.environ.get("FUSED_GEGLU_TRACED_OPS"))
+    leaves = [randn(6, 16, device=device, requires_grad=True),
+              *(randn(*s, device=device, scale=0.3, requires_grad=True) for s in ((24, 16), (24, 16), (16, 24)))]
+    seen, _, _ = _traced_ops(kernel, lambda *a: kernel.geglu_mlp(*a), leaves, randn(6, 16, device=device), False)
+    want = ([{"geglu_mlp_train_fwd"}, {"geglu_mlp_gemm_bwd_keep"}] if device in mlp.TRACED_OPS_DEVICES
+            else [{"geglu_mlp_fwd_op"}, {"geglu_mlp_bwd_op"}])
+    assert seen == want, seen
+
+
 @pytest.mark.parametrize("shape", _PLANNED_SHAPES, ids=str)
-def test_traced_inference_calls_the_planned_op(kernel, device, shape):
+def test_traced_inference_calls_the_planned_op(kernel, device, shape, traced_ops_on):
     """An inference forward traced with static sizes calls ``geglu_mlp_fwd_planned`` with the plan of
     an eager no-grad call (on the H200: cuBLAS + pointwise for the second shape, the CUTLASS gate+up
     GEMM for the third) and gives that call's bits; symbolic sizes keep the custom op. At decode sizes,

@@ -12,6 +12,7 @@ per dtype (the floor covers outputs where eager itself is almost exact).
 from __future__ import annotations
 
 import copy
+import importlib
 import json
 
 import pytest
@@ -322,12 +323,16 @@ def test_training_gradients_match(family, device, kernel):
         _assert_close(f"{family} grad {name}", got[name], want[name], exact[name], torch.float32)
 
 
-def test_compiled_training_gradients_match(device, kernel):
+@pytest.mark.parametrize("traced_ops", [True, False], ids=["compiled_ops", "custom_ops"])
+def test_compiled_training_gradients_match(device, kernel, monkeypatch, traced_ops):
     """Kernelize for training under torch.compile, compile the whole model, take gradients: they match
     eager's within the float64-referenced bound. The compiled graph's backward is the kernel's and
     writes the gradients to buffers of their own (the eager node overwrites the saved pre-activations
     instead): ``geglu_mlp_gemm_bwd_keep`` where the traced step runs the compiled ops directly
-    (static sizes, ``mlp._traced_training``), else the functional ``geglu_mlp_bwd_op``."""
+    (static sizes, ``mlp._traced_training``), else the functional ``geglu_mlp_bwd_op``. Both routes,
+    whatever $FUSED_GEGLU_TRACED_OPS makes the default (``mlp.TRACED_OPS_DEVICES``)."""
+    mlp = importlib.import_module(kernel.__name__ + ".mlp")
+    monkeypatch.setattr(mlp, "TRACED_OPS_DEVICES", frozenset({device} if traced_ops else ()))
     model, kind, cls_name, count = _build("gemma", device)
     model.train()
     eager, ref = copy.deepcopy(model), copy.deepcopy(model).double()
@@ -343,7 +348,10 @@ def test_compiled_training_gradients_match(device, kernel):
     ran = {e.key.rpartition("::")[2] for e in prof.key_averages() if e.key.startswith(kernel.OPS_ID + "::")}
     # On CPU the plan is always the compiled ops; on a GPU the policy may name another backend at this
     # model's tiny sizes (the custom op then runs; test_compile.py covers the plan's own cases).
-    expected = {"geglu_mlp_gemm_bwd_keep"} if device == "cpu" else {"geglu_mlp_gemm_bwd_keep", "geglu_mlp_bwd_op"}
+    if not traced_ops:
+        expected = {"geglu_mlp_bwd_op"}
+    else:
+        expected = {"geglu_mlp_gemm_bwd_keep"} if device == "cpu" else {"geglu_mlp_gemm_bwd_keep", "geglu_mlp_bwd_op"}
     assert ran & expected, f"the kernel's backward did not run: {sorted(ran)}"
     want = _grads(eager, inputs, weight)
     exact = _grads(ref, _inputs(kind, device, torch.float64), weight)

@@ -440,9 +440,25 @@ def _training_launch(device: torch.device, backend: str, m: int, h: int, i: int,
 # Symbolic sizes (dynamic=True), a forced backend and anything the C++ node would not run keep the
 # custom ops (``geglu_mlp_fwd_op``), which choose per call. $FUSED_GEGLU_ONE_CALL=0 also keeps them.
 # Inference likewise: ``geglu_mlp_fwd_planned`` runs geglu_mlp_infer's plan (``_traced_inference``).
-# $FUSED_GEGLU_TRACED_OPS=0 (read at load) keeps the custom ops in every traced graph, for measuring
-# and as a way back.
-TRACED_OPS = os.environ.get("FUSED_GEGLU_TRACED_OPS", "1").strip().lower() not in ("0", "no", "off", "false")
+#
+# Which devices' traced graphs take this route: ``TRACED_OPS_DEVICES``, from $FUSED_GEGLU_TRACED_OPS
+# (read at load). Unset: CPU tensors only. The CUDA route compiles (nvcc 13.0) and its Python is the
+# CPU route's, which the CPU suite runs, but its tests have not yet run on a GPU; until they have,
+# CUDA graphs keep the custom ops, whose GPU runs are recorded (benchmarks/results/h200-tests-*.md).
+# "1": every device (what a GPU run that verifies it sets); "0": none (measuring, a way back).
+def _traced_ops_devices(value: str | None) -> frozenset[str]:
+    value = (value or "").strip().lower()
+    if value in ("", "cpu"):
+        return frozenset({"cpu"})
+    if value in ("1", "yes", "on", "true", "all"):
+        return frozenset({"cpu", "cuda"})
+    if value in ("0", "no", "off", "false", "none"):
+        return frozenset()
+    raise ValueError(f"$FUSED_GEGLU_TRACED_OPS={value!r}: expected unset or 'cpu' (CPU tensors only), "
+                     "'1' (every device) or '0' (none)")
+
+
+TRACED_OPS_DEVICES = _traced_ops_devices(os.environ.get("FUSED_GEGLU_TRACED_OPS"))
 
 
 def _traced_plan(device: torch.device, m: int, h: int, i: int, sm90_shapes: bool) -> tuple[int, int, int] | None:
@@ -473,7 +489,8 @@ def _traced_training(x, w_gate, w_up, w_down, b_gate, b_up, b_down, approximate:
     """y from the two compiled ops, or None where the custom ops must run (see above)."""
     i, h = w_gate.shape
     sizes = (*x.shape, i, h)
-    if not (TRACED_OPS and ONE_CALL and x.is_contiguous() and all(type(v) is int for v in sizes)):
+    if not (x.device.type in TRACED_OPS_DEVICES and ONE_CALL and x.is_contiguous()
+            and all(type(v) is int for v in sizes)):
         return None
     m = x.numel() // h if h else 0
     sm90_shapes = x.device.type == "cuda" and m > 0 and sm90_weights.shapes_usable(x.view(m, h), w_gate, w_up)
@@ -491,7 +508,8 @@ def _traced_inference(x, w_gate, w_up, w_down, b_gate, b_up, b_down, approximate
     under CUDA-graph capture (decode sizes: the Triton kernels there), which only the custom op,
     choosing per call, can follow into a captured graph."""
     i, h = w_gate.shape
-    if (not TRACED_OPS or not x.is_contiguous() or not all(type(v) is int for v in (*x.shape, i, h)) or h == 0
+    if (x.device.type not in TRACED_OPS_DEVICES or not x.is_contiguous() or h == 0
+            or not all(type(v) is int for v in (*x.shape, i, h))
             or not _dispatch.compiled_has("geglu_mlp_fwd_planned", x.device.type)):
         return None
     m = x.numel() // h
