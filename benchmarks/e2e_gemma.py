@@ -339,7 +339,10 @@ def main() -> int:
     env = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "cuda": torch.version.cuda,
            "driver": _run_cmd(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"]),
            "triton": triton.__version__, "transformers": transformers.__version__,
-           "commit": os.environ.get("FUSED_GEGLU_COMMIT")}
+           "commit": os.environ.get("FUSED_GEGLU_COMMIT"),
+           # The kernel's switches in force (FUSED_GEGLU_TRACED_OPS=1: CUDA graphs call the compiled ops).
+           "switches": {k: v for k, v in sorted(os.environ.items())
+                        if k.startswith("FUSED_GEGLU_") and k not in ("FUSED_GEGLU_COMMIT", "FUSED_GEGLU_DIRTY")}}
     payload = {"config": {"hidden": args.hidden, "intermediate": args.intermediate, "layers": args.layers, "batch": args.batch,
                           "seq": args.seq, "dtype": "bfloat16", "reps": args.reps, "rounds": args.rounds,
                           "compile_mode": args.compile_mode, "modes": modes},
