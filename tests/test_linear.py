@@ -326,8 +326,8 @@ def test_linear_short_path_is_learned_where_auto_picks_aten(kernel, device, monk
     ran = kernel.last_backend("linear")
     assert mod._ATEN_PLAIN.get(dev) == (ran if ran in ("torch", "cpu") else None)
     if device == "cpu":
-        # Under TRITON_INTERPRET auto picks the interpreted Triton kernel on CPU; where the compiled
-        # CPU backend is auto's first choice, the device is learned as "cpu".
+        # Auto's first choice on CPU is the compiled CPU backend (also under TRITON_INTERPRET); with
+        # only "cpu" and "torch" available the device is learned as "cpu" all the same.
         monkeypatch.setattr(mod, "_picks", {})
         monkeypatch.setattr(mod._dispatch, "_available", lambda device_type: ("cpu", "torch"))
         kernel.linear(x, w, b)
@@ -353,3 +353,30 @@ def test_rows_is_a_view_where_the_strides_allow_and_one_copy_where_not(kernel, d
         assert torch.equal(r, t.reshape(-1, t.shape[-1])), name
     assert rows(torch.empty(3, 4, 0, device=device)).shape == (12, 0)
     assert rows(torch.empty(0, 4, 5, device=device)).shape == (0, 5)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("activation", [None, "gelu", "gelu_tanh"])
+def test_auto_on_cpu_tensors_is_the_compiled_cpu_backend(kernel, dtype, activation):
+    """On CPU tensors ``auto`` runs the compiled CPU backend for every activation and dtype, also where
+    TRITON_INTERPRET=1 puts Triton's interpreter among the backends (the tests set it): that interpreter
+    is a debugging aid, slow, and it mis-computes bf16 ``tl.dot``, so it runs only when asked for by
+    name. The result is checked against float64, bf16 included."""
+    if "cpu" not in kernel.available_backends(torch.device("cpu")):
+        pytest.skip("this variant has no compiled CPU backend (the CPU variant's tests run this)")
+    x = randn(7, 3, 40, dtype=dtype, requires_grad=True)
+    w = randn(24, 40, dtype=dtype, scale=40**-0.5, requires_grad=True)
+    b = randn(24, dtype=dtype, requires_grad=True)
+    y = kernel.linear(x, w, b, activation=activation)
+    assert kernel.last_backend("linear") == "cpu", kernel.last_backend("linear")
+    grad = randn(*y.shape, dtype=dtype)
+    got = (y, *torch.autograd.grad(y, (x, w, b), grad))
+    p64 = [t.detach().double().requires_grad_() for t in (x, w, b)]
+    y64 = _eager(*p64, activation)
+    refs = (y64, *torch.autograd.grad(y64, p64, grad.double()))
+    pe = [t.detach().clone().requires_grad_() for t in (x, w, b)]
+    ye = _eager(*pe, activation)
+    eagers = (ye, *torch.autograd.grad(ye, pe, grad))
+    for name, o, r, e in zip(("y", "dx", "dW", "db"), got, refs, eagers):
+        assert_close(o.detach(), r.detach(), e.detach(), f"linear {name}")
+

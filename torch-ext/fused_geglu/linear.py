@@ -64,7 +64,10 @@ def _pick_uncached(device: torch.device, backend: str, activation: str, m: int, 
                 choice = "torch"
             if _dispatch.has_backend(device, choice):
                 return choice
-        for cand in ("triton", "cpu", "torch"):
+        # CPU tensors: the compiled CPU backend first, as every other op does. Triton on CPU is only its
+        # interpreter (TRITON_INTERPRET=1, a debugging aid: slow, and Triton's interpreter mis-computes
+        # bf16 tl.dot), so it runs there only when asked for by name. CUDA has no "cpu": unchanged.
+        for cand in ("cpu", "triton", "torch"):
             if _dispatch.has_backend(device, cand):
                 return cand
     if backend == "cuda":
