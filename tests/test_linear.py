@@ -380,4 +380,3 @@ def test_auto_on_cpu_tensors_is_the_compiled_cpu_backend(kernel, dtype, activati
     eagers = (ye, *torch.autograd.grad(ye, pe, grad))
     for name, o, r, e in zip(("y", "dx", "dW", "db"), got, refs, eagers):
         assert_close(o.detach(), r.detach(), e.detach(), f"linear {name}")
-
