@@ -52,3 +52,14 @@ def assert_close(out: torch.Tensor, ref: torch.Tensor, eager: torch.Tensor, what
 def randn(*shape, dtype=torch.float32, device="cpu", scale=1.0, requires_grad=False, gen=None):
     t = (torch.randn(*shape, generator=gen, dtype=torch.float32) * scale).to(device=device, dtype=dtype)
     return t.requires_grad_(requires_grad)
+
+
+def laid_out(shape, dtype, device, layout, gen, scale=1.0, requires_grad=False):
+    """A tensor of ``shape`` laid out as a real caller's might be: "contiguous"; "row_padded" (rows of a
+    wider buffer: row stride above the last dim, last dim unit-stride, as a slice of a fused
+    projection's weight); "strided" (every other element of the last dim)."""
+    wide = {"contiguous": shape[-1], "row_padded": shape[-1] + 8, "strided": 2 * shape[-1]}[layout]
+    base = randn(*shape[:-1], wide, dtype=dtype, device=device, scale=scale, gen=gen)
+    t = base[..., ::2] if layout == "strided" else base[..., :shape[-1]]
+    return t.requires_grad_(requires_grad)
+

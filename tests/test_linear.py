@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import importlib
+import random
 
 import pytest
 import torch
 import torch.nn.functional as F
-from _numerics import assert_close, randn
+from _numerics import assert_close, laid_out, randn
 from test_geglu import BACKENDS, DTYPES, _skip_unless
 
 SHAPES = [((1, 1), 1), ((5, 7), 3), ((2, 9, 13), 11), ((33, 45), 29)]  # (x shape, N)
@@ -380,3 +381,57 @@ def test_auto_on_cpu_tensors_is_the_compiled_cpu_backend(kernel, dtype, activati
     eagers = (ye, *torch.autograd.grad(ye, pe, grad))
     for name, o, r, e in zip(("y", "dx", "dW", "db"), got, refs, eagers):
         assert_close(o.detach(), r.detach(), e.detach(), f"linear {name}")
+
+
+@pytest.mark.parametrize("seed", range(24))
+def test_linear_random_operands(kernel, device, seed):
+    """What a user gets (``backend=None``) on operands drawn at random per seed: dtype, activation,
+    odd or model-like sizes, 1- to 3-D x (sequence-first views included), x and weight contiguous,
+    row-padded or strided, a bias vector, an addend of the output's shape (possibly strided) or none,
+    any subset of leaves needing a gradient. Forward and every gradient against float64."""
+    rng = random.Random(seed)
+    gen = torch.Generator().manual_seed(seed)
+    dtype = rng.choice(DTYPES)
+    activation = rng.choice([None, "gelu", "gelu_tanh"])
+    if device == "cuda" and rng.random() < 0.5:
+        k, n, lead = 8 * rng.randint(8, 64), 8 * rng.randint(8, 96), (rng.randint(1, 300),)
+    else:
+        k, n = rng.randint(1, 80), rng.randint(1, 80)
+        lead = rng.choice([(rng.randint(0, 9),), (rng.randint(1, 4), rng.randint(1, 7))])
+    if seed == 0:
+        lead = (0, 3)  # no rows, every gradient asked for
+    layouts = ["contiguous", "row_padded", "strided"]
+    x = laid_out((*lead, k), dtype, device, rng.choice(layouts), gen)
+    if x.dim() == 3 and rng.random() < 0.3:
+        x = x.transpose(0, 1)
+    w = laid_out((n, k), dtype, device, rng.choice(layouts), gen, k**-0.5)
+    bias_kind = rng.choice(["vector", "addend", "none"])
+    b = {"vector": lambda: randn(n, dtype=dtype, device=device, gen=gen),
+         "addend": lambda: laid_out((*x.shape[:-1], n), dtype, device, rng.choice(layouts), gen),
+         "none": lambda: None}[bias_kind]()
+    operands = [x, w, b]
+    needs = [t is not None and (seed == 0 or rng.random() < 0.6) for t in operands]
+    for t, need in zip(operands, needs):
+        if need:
+            t.requires_grad_()
+    case = (f"seed {seed}: {dtype}, {activation}, x {tuple(x.shape)} strides {x.stride()}, w strides "
+            f"{w.stride()}, bias {bias_kind}, grads {needs}")
+
+    y = kernel.linear(x, w, b, activation=activation)
+    assert y.shape == (*x.shape[:-1], n) and y.dtype == dtype, case
+    o64 = [None if t is None else t.detach().double().requires_grad_(need) for t, need in zip(operands, needs)]
+    ref, eager = _eager(*o64, activation), _eager(*operands, activation)
+    leaves = [j for j, need in enumerate(needs) if need]
+    if y.numel() == 0:  # no rows: the weight's and bias vector's gradients are zeros
+        for j, g in zip(leaves, torch.autograd.grad(y, [operands[j] for j in leaves], torch.zeros_like(y))):
+            assert g.shape == operands[j].shape and not g.count_nonzero(), case
+        return
+    assert_close(y, ref, eager, f"y ({case})")
+    if not leaves:
+        return
+    grad = randn(*y.shape, dtype=dtype, device=device, gen=gen)
+    ours = torch.autograd.grad(y, [operands[j] for j in leaves], grad)
+    refs = torch.autograd.grad(ref, [o64[j] for j in leaves], grad.double())
+    eagers = torch.autograd.grad(eager, [operands[j] for j in leaves], grad)
+    for j, o, r, e in zip(leaves, ours, refs, eagers):
+        assert_close(o, r, e, f"{('dx', 'dW', 'db')[j]} ({case})")

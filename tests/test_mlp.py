@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import random
 
 import pytest
 import torch
 import torch.nn.functional as F
-from _numerics import assert_close, randn
+from _numerics import assert_close, laid_out, randn
 from test_geglu import BACKENDS, DTYPES, _skip_unless
 
 # (tokens, H, I). (3, 24, 72): under the interpreter (BLOCK_K 16) the down GEMM of the Triton path
@@ -923,3 +924,61 @@ def test_geglu_mlp_sm90_dh_off_is_the_pointwise_path(kernel, device, monkeypatch
     params = _params(64, 96, torch.bfloat16, device, biases=False)[:3]
     kernel.geglu_mlp(x, *params, backend="cuda").sum().backward()
     assert kernel.last_backend("geglu_mlp_backward") == "cuda"
+
+
+@pytest.mark.parametrize("seed", range(32))
+def test_geglu_mlp_random_operands(kernel, device, seed):
+    """What a user gets (``backend=None``) on operands drawn at random per seed, in combinations the
+    grids above do not cross: dtype, GELU flavour, odd or model-like sizes, 1- to 3-D x (sequence-first
+    views included), x and weights contiguous, row-padded or strided, each bias present or not, any
+    subset of leaves needing a gradient (or none), ``recompute``. Forward and every gradient against
+    float64, within the dtype's bound relative to eager."""
+    rng = random.Random(seed)
+    gen = torch.Generator().manual_seed(seed)
+    dtype = rng.choice(DTYPES)
+    approximate = rng.choice(["tanh", "none"])
+    if device == "cuda" and rng.random() < 0.5:  # sizes where the compiled and CUTLASS paths run
+        h, i, lead = 8 * rng.randint(8, 64), 8 * rng.randint(8, 96), (rng.randint(17, 300),)
+    else:
+        h, i = rng.randint(1, 70), rng.randint(1, 90)
+        lead = rng.choice([(rng.randint(0, 9),), (rng.randint(1, 4), rng.randint(1, 7)), (2, 1, 3)])
+    if seed == 0:
+        lead = (2, 0)  # no rows, every gradient asked for
+    layouts = ["contiguous", "row_padded", "strided"]
+    x = laid_out((*lead, h), dtype, device, rng.choice(layouts), gen)
+    if x.dim() == 3 and rng.random() < 0.3:
+        x = x.transpose(0, 1)  # a sequence-first tensor seen batch-first
+    wl = rng.choice(layouts)
+    params = [laid_out((i, h), dtype, device, wl, gen, h**-0.5), laid_out((i, h), dtype, device, wl, gen, h**-0.5),
+              laid_out((h, i), dtype, device, rng.choice(layouts), gen, i**-0.5)]
+    params += [randn(n, dtype=dtype, device=device, scale=0.5, gen=gen) if rng.random() < 0.5 else None
+               for n in (i, i, h)]
+    operands = [x, *params]
+    needs = [t is not None and (seed == 0 or rng.random() < 0.6) for t in operands]
+    for t, need in zip(operands, needs):
+        if need:
+            t.requires_grad_()
+    recompute = any(needs) and rng.random() < 0.3
+    case = (f"seed {seed}: {dtype}, {approximate}, x {tuple(x.shape)} strides {x.stride()}, I {i}, weights {wl}, "
+            f"biases {[p is not None for p in params[3:]]}, grads {needs}, recompute {recompute}")
+
+    y = kernel.geglu_mlp(*operands, approximate=approximate, recompute=recompute)
+    assert y.shape == (*x.shape[:-1], h) and y.dtype == dtype, case
+    o64 = [None if t is None else t.detach().double().requires_grad_(need) for t, need in zip(operands, needs)]
+    ref = kernel.reference.geglu_mlp_ref(*o64, approximate=approximate)
+    eager = _eager(*operands, approximate)
+    leaves = [k for k, need in enumerate(needs) if need]
+    if y.numel() == 0:  # no rows: the weights' and biases' gradients are zeros
+        for k, g in zip(leaves, torch.autograd.grad(y, [operands[k] for k in leaves], torch.zeros_like(y))):
+            assert g.shape == operands[k].shape and not g.count_nonzero(), case
+        return
+    assert_close(y, ref, eager, f"y ({case})")
+    if not leaves:
+        return
+    grad = randn(*y.shape, dtype=dtype, device=device, gen=gen)
+    ours = torch.autograd.grad(y, [operands[k] for k in leaves], grad)
+    refs = torch.autograd.grad(ref, [o64[k] for k in leaves], grad.double())
+    eagers = torch.autograd.grad(eager, [operands[k] for k in leaves], grad)
+    names = ["dx", "dW_gate", "dW_up", "dW_down", "db_gate", "db_up", "db_down"]
+    for k, o, r, e in zip(leaves, ours, refs, eagers):
+        assert_close(o, r, e, f"{names[k]} ({case})")
