@@ -63,3 +63,24 @@ def laid_out(shape, dtype, device, layout, gen, scale=1.0, requires_grad=False):
     t = base[..., ::2] if layout == "strided" else base[..., :shape[-1]]
     return t.requires_grad_(requires_grad)
 
+
+
+def assert_step_close(y, ref, eager, operands, operands64, names, what: str, gen=None) -> None:
+    """A forward ``y`` and the gradients of every operand that requires one, against the float64
+    ``ref`` (built from ``operands64``) within the bound of ``eager`` (built from ``operands``), with
+    one random output gradient. Where ``y`` has no elements, the gradients must be zeros of the
+    operands' shapes (a GEMM over no rows)."""
+    leaves = [k for k, t in enumerate(operands) if t is not None and t.requires_grad]
+    if y.numel() == 0:
+        for k, g in zip(leaves, torch.autograd.grad(y, [operands[k] for k in leaves], torch.zeros_like(y))):
+            assert g.shape == operands[k].shape and not g.count_nonzero(), f"{names[k]} ({what})"
+        return
+    assert_close(y, ref, eager, f"y ({what})")
+    if not leaves:
+        return
+    grad = randn(*y.shape, dtype=y.dtype, device=y.device, gen=gen)
+    ours = torch.autograd.grad(y, [operands[k] for k in leaves], grad)
+    refs = torch.autograd.grad(ref, [operands64[k] for k in leaves], grad.double())
+    eagers = torch.autograd.grad(eager, [operands[k] for k in leaves], grad)
+    for k, o, r, e in zip(leaves, ours, refs, eagers):
+        assert_close(o, r, e, f"{names[k]} ({what})")
