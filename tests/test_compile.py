@@ -159,6 +159,8 @@ def test_opcheck_traced_training_ops(kernel, device, name):
     else:
         gate, up = randn(m, i, device=device), randn(m, i, device=device)
         args = (dy, x.detach(), wg.detach(), wu.detach(), wd.detach(), gate, up, 0, True, False, True)
+        with pytest.raises(RuntimeError, match=r"geglu_mlp_gemm_bwd_keep: gate \[.*must be \[M, I\]"):
+            getattr(op, name)(*args[:5], gate[1:], up[1:], *args[7:])  # one row short of x's
     torch.library.opcheck(getattr(op, name), args)
 
 

@@ -53,6 +53,10 @@ geglu_mlp_gemm_bwd_keep(at::Tensor const &dy, at::Tensor const &x, at::Tensor co
                         at::Tensor const &w_up, at::Tensor const &w_down, at::Tensor const &gate,
                         at::Tensor const &up, int64_t approximate, bool has_b_gate, bool has_b_up,
                         bool has_b_down);
+// The operand shapes every MLP backward op checks first (kernel_src/autograd_nodes/mlp_train.cpp): dy and
+// x [M, H], gate and up [M, I], all 2-D; raises naming ``op``.
+void check_bwd_operands(const char *op, at::Tensor const &dy, at::Tensor const &x, at::Tensor const &gate,
+                        at::Tensor const &up);
 // The MLP backward's GEMMs after its pointwise step (kernel_src/autograd_nodes/mlp_train.cpp), in
 // fused_geglu/mlp.py's order: dW_down from h (hid), dx, then dW_gate / db_gate and dW_up / db_up, each
 // M x I buffer freed after its last reader where the caller hands over its references; db_down from dy.

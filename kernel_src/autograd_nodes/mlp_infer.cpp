@@ -70,7 +70,6 @@ bool bias_ok(std::optional<at::Tensor> const &b, int64_t n, at::Tensor const &x)
 
 bool aligned(void const *p, uintptr_t bytes) { return reinterpret_cast<uintptr_t>(p) % bytes == 0; }
 
-
 }  // namespace
 
 #if defined(CUDA_KERNEL)

@@ -45,6 +45,16 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> geglu_mlp_gemm_train(
   return {std::move(y), std::move(gate), std::move(up)};
 }
 
+void check_bwd_operands(const char *op, at::Tensor const &dy, at::Tensor const &x, at::Tensor const &gate,
+                        at::Tensor const &up) {
+  TORCH_CHECK(dy.dim() == 2 && x.dim() == 2 && gate.dim() == 2 && up.dim() == 2, op,
+              ": dy, x, gate and up must be 2-D, got ", dy.sizes(), ", ", x.sizes(), ", ", gate.sizes(),
+              ", ", up.sizes());
+  TORCH_CHECK(gate.sizes() == up.sizes() && gate.size(0) == x.size(0) && dy.size(0) == x.size(0), op,
+              ": gate ", gate.sizes(), " and up ", up.sizes(), " must be [M, I] with M = x's rows (",
+              x.size(0), ") = dy's rows (", dy.size(0), ")");
+}
+
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> geglu_mlp_bwd_gemms(
     at::Tensor const &dy, at::Tensor const &x, at::Tensor const &w_gate, at::Tensor const &w_up, at::Tensor hid,
     at::Tensor dgate, at::Tensor dup, bool has_b_gate, bool has_b_up, bool has_b_down) {
@@ -239,10 +249,7 @@ geglu_mlp_gemm_bwd_keep(at::Tensor const &dy, at::Tensor const &x, at::Tensor co
                         at::Tensor const &w_up, at::Tensor const &w_down, at::Tensor const &gate,
                         at::Tensor const &up, int64_t approximate, bool has_b_gate, bool has_b_up,
                         bool has_b_down) {
-  TORCH_CHECK(dy.dim() == 2 && x.dim() == 2 && gate.dim() == 2 && up.dim() == 2 && gate.sizes() == up.sizes() &&
-                  gate.size(0) == x.size(0) && dy.size(0) == x.size(0),
-              "geglu_mlp_gemm_bwd_keep: dy [M, H], x [M, H], gate and up [M, I] expected, got ", dy.sizes(), ", ",
-              x.sizes(), ", ", gate.sizes(), ", ", up.sizes());
+  check_bwd_operands("geglu_mlp_gemm_bwd_keep", dy, x, gate, up);
   const c10::OptionalDeviceGuard guard(x.device());
   // backward_cpu writes the gradients to buffers of its own and only reads gate/up (its copies of the
   // references are dropped, not the caller's).

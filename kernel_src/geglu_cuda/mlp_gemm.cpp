@@ -28,20 +28,14 @@ at::Tensor geglu_mlp_gemm(at::Tensor const &x, at::Tensor const &w_gate, at::Ten
 }
 
 // geglu_mlp_gemm_train lives in kernel_src/autograd_nodes/mlp_train.cpp: both variants build it
-// (the CPU variant as its compiled training node's forward). So does geglu_mlp_bwd_gemms, the
-// backward's GEMMs after its pointwise step, which both variants' backwards share.
+// (the CPU variant as its compiled training node's forward). So do check_bwd_operands and
+// geglu_mlp_bwd_gemms (the backward's GEMMs after its pointwise step), which both variants' backwards share.
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor>
 geglu_mlp_gemm_bwd_owned(at::Tensor const &dy, at::Tensor const &x, at::Tensor const &w_gate,
                          at::Tensor const &w_up, at::Tensor const &w_down, at::Tensor gate, at::Tensor up,
                          bool keep, int64_t approximate, bool has_b_gate, bool has_b_up, bool has_b_down) {
-  const char *op = keep ? "geglu_mlp_gemm_bwd_keep" : "geglu_mlp_gemm_bwd";
-  TORCH_CHECK(dy.dim() == 2 && x.dim() == 2 && gate.dim() == 2 && up.dim() == 2, op,
-              ": dy, x, gate and up must be 2-D, got ", dy.sizes(), ", ", x.sizes(), ", ", gate.sizes(),
-              ", ", up.sizes());
-  TORCH_CHECK(gate.sizes() == up.sizes() && gate.size(0) == x.size(0) && dy.size(0) == x.size(0), op,
-              ": gate ", gate.sizes(), " and up ", up.sizes(), " must be [M, I] with M = x's rows (",
-              x.size(0), ") = dy's rows (", dy.size(0), ")");
+  check_bwd_operands(keep ? "geglu_mlp_gemm_bwd_keep" : "geglu_mlp_gemm_bwd", dy, x, gate, up);
   at::Tensor hid = at::mm(dy, w_down);  // dh [M, I]
   at::Tensor dgate, dup;
   if (keep) {
