@@ -145,8 +145,8 @@ def test_opcheck(kernel, device, name):
 
 @pytest.mark.parametrize("name", ["geglu_mlp_train_fwd", "geglu_mlp_gemm_bwd_keep", "geglu_mlp_fwd_planned"])
 def test_opcheck_traced_training_ops(kernel, device, name):
-    """The two compiled ops a traced training step calls directly (``mlp._traced_training``): schema,
-    the fake kernels and the forward's autograd registered in fused_geglu/mlp.py, AOT dispatch."""
+    """The two compiled ops a traced training step calls directly (``mlp_traced.training``): schema,
+    the fake kernels and the forward's autograd registered in fused_geglu/mlp_traced.py, AOT dispatch."""
     op = getattr(torch.ops, kernel.OPS_ID)
     m, h, i = 5, 12, 8
     x, dy = randn(m, h, device=device, requires_grad=True), randn(m, h, device=device)
@@ -172,11 +172,11 @@ _PLANNED_SHAPES = [((3, 37), 48, 200, torch.float32), ((2, 160), 264, 392, torch
 
 @pytest.fixture
 def traced_ops_on(kernel, device, monkeypatch):
-    """The traced route switched on for the test's device (``mlp.TRACED_OPS_DEVICES``; CUDA's default
+    """The traced route switched on for the test's device (``mlp_traced.TRACED_OPS_DEVICES``; CUDA's default
     is off until a GPU run verifies it: these tests are that run)."""
-    mlp = importlib.import_module(kernel.__name__ + ".mlp")
-    monkeypatch.setattr(mlp, "TRACED_OPS_DEVICES", mlp.TRACED_OPS_DEVICES | {device})
-    return mlp
+    traced = importlib.import_module(kernel.__name__ + ".mlp_traced")
+    monkeypatch.setattr(traced, "TRACED_OPS_DEVICES", traced.TRACED_OPS_DEVICES | {device})
+    return traced
 
 
 def _traced_ops(kernel, fn, leaves, dy, dynamic):
@@ -253,9 +253,9 @@ def test_make_fx_training_step_records_the_compiled_ops(kernel, device, traced_o
 
 
 def test_traced_ops_switch_keeps_the_custom_ops(kernel, device, monkeypatch):
-    """``FUSED_GEGLU_TRACED_OPS=0`` (``mlp.TRACED_OPS_DEVICES`` without the device): traced graphs call
+    """``FUSED_GEGLU_TRACED_OPS=0`` (``mlp_traced.TRACED_OPS_DEVICES`` without the device): traced graphs call
     the custom ops again, with the same values."""
-    mlp = importlib.import_module(kernel.__name__ + ".mlp")
+    traced = importlib.import_module(kernel.__name__ + ".mlp_traced")
     m, h, i = 6, 16, 24
     leaves = [randn(m, h, device=device, requires_grad=True),
               *(randn(*s, device=device, scale=0.3, requires_grad=True) for s in ((i, h), (i, h), (h, i)))]
@@ -266,7 +266,7 @@ def test_traced_ops_switch_keeps_the_custom_ops(kernel, device, monkeypatch):
 
     seen = {}
     for on in (True, False):
-        monkeypatch.setattr(mlp, "TRACED_OPS_DEVICES", frozenset({device} if on else ()))
+        monkeypatch.setattr(traced, "TRACED_OPS_DEVICES", frozenset({device} if on else ()))
         seen[on] = _traced_ops(kernel, fn, leaves, dy, dynamic=False)
     assert seen[True][0] == [{"geglu_mlp_train_fwd"}, {"geglu_mlp_gemm_bwd_keep"}], seen[True][0]
     assert seen[False][0] == [{"geglu_mlp_fwd_op"}, {"geglu_mlp_bwd_op"}], seen[False][0]
@@ -278,17 +278,17 @@ def test_traced_ops_default_devices(kernel, device):
     """$FUSED_GEGLU_TRACED_OPS: unset, the traced route is CPU's only (CUDA's awaits a GPU run); '1'
     every device, '0' none; anything else is refused, naming the variable. A device outside the set
     (CUDA by default) gets the custom ops in its graphs."""
-    mlp = importlib.import_module(kernel.__name__ + ".mlp")
-    assert mlp._traced_ops_devices(None) == mlp._traced_ops_devices(" ") == {"cpu"}
-    assert mlp._traced_ops_devices("1") == mlp._traced_ops_devices("ON") == {"cpu", "cuda"}
-    assert mlp._traced_ops_devices("0") == mlp._traced_ops_devices("off") == frozenset()
+    traced = importlib.import_module(kernel.__name__ + ".mlp_traced")
+    assert traced.devices_from_env(None) == traced.devices_from_env(" ") == {"cpu"}
+    assert traced.devices_from_env("1") == traced.devices_from_env("ON") == {"cpu", "cuda"}
+    assert traced.devices_from_env("0") == traced.devices_from_env("off") == frozenset()
     with pytest.raises(ValueError, match="FUSED_GEGLU_TRACED_OPS"):
-        mlp._traced_ops_devices("cuda-only")
-    assert mlp.TRACED_OPS_DEVICES == mlp._traced_ops_devices(os.environ.get("FUSED_GEGLU_TRACED_OPS"))
+        traced.devices_from_env("cuda-only")
+    assert traced.TRACED_OPS_DEVICES == traced.devices_from_env(os.environ.get("FUSED_GEGLU_TRACED_OPS"))
     leaves = [randn(6, 16, device=device, requires_grad=True),
               *(randn(*s, device=device, scale=0.3, requires_grad=True) for s in ((24, 16), (24, 16), (16, 24)))]
     seen, _, _ = _traced_ops(kernel, lambda *a: kernel.geglu_mlp(*a), leaves, randn(6, 16, device=device), False)
-    want = ([{"geglu_mlp_train_fwd"}, {"geglu_mlp_gemm_bwd_keep"}] if device in mlp.TRACED_OPS_DEVICES
+    want = ([{"geglu_mlp_train_fwd"}, {"geglu_mlp_gemm_bwd_keep"}] if device in traced.TRACED_OPS_DEVICES
             else [{"geglu_mlp_fwd_op"}, {"geglu_mlp_bwd_op"}])
     assert seen == want, seen
 

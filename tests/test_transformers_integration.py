@@ -329,10 +329,10 @@ def test_compiled_training_gradients_match(device, kernel, monkeypatch, traced_o
     eager's within the float64-referenced bound. The compiled graph's backward is the kernel's and
     writes the gradients to buffers of their own (the eager node overwrites the saved pre-activations
     instead): ``geglu_mlp_gemm_bwd_keep`` where the traced step runs the compiled ops directly
-    (static sizes, ``mlp._traced_training``), else the functional ``geglu_mlp_bwd_op``. Both routes,
-    whatever $FUSED_GEGLU_TRACED_OPS makes the default (``mlp.TRACED_OPS_DEVICES``)."""
-    mlp = importlib.import_module(kernel.__name__ + ".mlp")
-    monkeypatch.setattr(mlp, "TRACED_OPS_DEVICES", frozenset({device} if traced_ops else ()))
+    (static sizes, ``mlp_traced.training``), else the functional ``geglu_mlp_bwd_op``. Both routes,
+    whatever $FUSED_GEGLU_TRACED_OPS makes the default (``mlp_traced.TRACED_OPS_DEVICES``)."""
+    traced = importlib.import_module(kernel.__name__ + ".mlp_traced")
+    monkeypatch.setattr(traced, "TRACED_OPS_DEVICES", frozenset({device} if traced_ops else ()))
     model, kind, cls_name, count = _build("gemma", device)
     model.train()
     eager, ref = copy.deepcopy(model), copy.deepcopy(model).double()

@@ -14,11 +14,11 @@ all host time (x [4, 8], I = 16; fp32 on CPU, bf16 on CUDA, where the GPU keeps 
 - ``infer_raw``: that C++ op alone; ``eager``: three ``F.linear`` and the GELU product;
 - ``compiled_step_custom_ops`` / ``compiled_step_compiled_ops``: a whole training step (forward and
   backward) of the MLP compiled with inductor, its graphs calling the custom ops as above, or (static
-  sizes, ``mlp._traced_training``, switched on here for the device whatever $FUSED_GEGLU_TRACED_OPS's
+  sizes, ``mlp_traced.training``, switched on here for the device whatever $FUSED_GEGLU_TRACED_OPS's
   default) ``geglu_mlp_train_fwd`` and ``geglu_mlp_gemm_bwd_keep`` directly; inputs that require
   grad, so this one runs with autograd;
 - ``compiled_fwd_custom_op`` / ``compiled_fwd_planned_op``: an inductor-compiled inference forward,
-  its graph calling ``geglu_mlp_fwd_op`` or (static sizes, ``mlp._traced_inference``)
+  its graph calling ``geglu_mlp_fwd_op`` or (static sizes, ``mlp_traced.inference``)
   ``geglu_mlp_fwd_planned``.
 Per entry: the best (lowest) mean µs per call over ``--rounds`` rounds of ``--calls`` calls. Loads the
 kernel the way users do (the staged cache).
@@ -64,6 +64,7 @@ def main() -> int:
     k = load_kernel()
     ops = getattr(torch.ops, k.OPS_ID)
     mlp = sys.modules[f"{k.__name__}.mlp"]
+    traced = sys.modules[f"{k.__name__}.mlp_traced"]
     dev = torch.device(args.device)
     dtype = torch.bfloat16 if dev.type == "cuda" else torch.float32
     sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
@@ -94,21 +95,21 @@ def main() -> int:
     # A compiled training step, with the traced plan switched off (the custom ops) and on.
     leaves = [t.detach().requires_grad_() for t in (x, wg, wu, wd)]
     # The switch itself ($FUSED_GEGLU_TRACED_OPS's set, whatever its default for this device).
-    default = mlp.TRACED_OPS_DEVICES
+    default = traced.TRACED_OPS_DEVICES
     for name, on in (("compiled_step_custom_ops", False), ("compiled_step_compiled_ops", True)):
-        mlp.TRACED_OPS_DEVICES = frozenset({dev.type} if on else ())
+        traced.TRACED_OPS_DEVICES = frozenset({dev.type} if on else ())
         torch._dynamo.reset()
         loss = torch.compile(lambda *a: k.geglu_mlp(*a).sum(), fullgraph=True)
         results[name] = best_us(lambda: loss(*leaves).backward(), args.calls // 4, args.rounds, sync)
         print(f"{name:27} {results[name]:7.1f} us", flush=True)
     for name, on in (("compiled_fwd_custom_op", False), ("compiled_fwd_planned_op", True)):
-        mlp.TRACED_OPS_DEVICES = frozenset({dev.type} if on else ())
+        traced.TRACED_OPS_DEVICES = frozenset({dev.type} if on else ())
         torch._dynamo.reset()
         fwd = torch.compile(lambda *a: k.geglu_mlp(*a), fullgraph=True)
         with torch.no_grad():
             results[name] = best_us(lambda: fwd(x, wg, wu, wd), args.calls // 4, args.rounds, sync)
         print(f"{name:27} {results[name]:7.1f} us", flush=True)
-    mlp.TRACED_OPS_DEVICES = default
+    traced.TRACED_OPS_DEVICES = default
     torch._dynamo.reset()
     env = {"device": torch.cuda.get_device_name() if dev.type == "cuda" else f"cpu ({platform.machine()})",
            "torch": torch.__version__, "threads": torch.get_num_threads(),

@@ -149,7 +149,7 @@ at::Tensor geglu_mlp_infer_decline(at::Tensor const &, at::Tensor const &, at::T
 }
 
 // The same forward as a traced graph's node (torch.compile with static sizes, inference): the plan was
-// made when the graph was traced (fused_geglu/mlp.py, _traced_inference), so where the planned sm90
+// made when the graph was traced (fused_geglu/mlp_traced.py, inference), so where the planned sm90
 // launch's operands are not ones the CUTLASS GEMM takes (pointers, known only now) it runs the
 // vendor-GEMM sequence; a call neither sequence takes is an error, not a None a graph cannot use.
 at::Tensor geglu_mlp_fwd_planned(at::Tensor const &x, at::Tensor const &w_gate, at::Tensor const &w_up,

@@ -32,7 +32,7 @@ import torch.nn.functional as F
 from . import _checks, _dispatch, policy
 from . import geglu as _geglu
 from . import sm90_weights
-from ._ops import add_op_namespace_prefix, ops
+from ._ops import ops
 from ._opdef import _PLAIN, _tracing, custom_op
 from ._views import rows
 
@@ -430,143 +430,6 @@ def _training_launch(device: torch.device, backend: str, m: int, h: int, i: int,
     return _GEMM_POINTWISE, "cuda+gemm", "cuda"
 
 
-# ---- a traced step: the compiled ops as the graph's nodes --------------------------------------
-# A graph traced for training (torch.compile) gets ``geglu_mlp_train_fwd`` (the C++ training node's
-# forward, without a node) and, in its backward, ``geglu_mlp_gemm_bwd_keep`` (the one-call backward
-# leaving the graph's gate/up alone), with the launch planned once, here, from the static sizes. The
-# compiled graph then calls the compiled ops directly: no custom op's dispatch layers and no Python
-# launch choice per call, which cost about 90 µs per forward and 150 µs per backward call on the H200's
-# host (benchmarks/results/traced-op-host-h200-119ef4d.json) in a step the host already limits.
-# Symbolic sizes (dynamic=True), a forced backend and anything the C++ node would not run keep the
-# custom ops (``geglu_mlp_fwd_op``), which choose per call. $FUSED_GEGLU_ONE_CALL=0 also keeps them.
-# Inference likewise: ``geglu_mlp_fwd_planned`` runs geglu_mlp_infer's plan (``_traced_inference``).
-#
-# Which devices' traced graphs take this route: ``TRACED_OPS_DEVICES``, from $FUSED_GEGLU_TRACED_OPS
-# (read at load). Unset: CPU tensors only. The CUDA route compiles (nvcc 13.0) and its Python is the
-# CPU route's, which the CPU suite runs, but its tests have not yet run on a GPU; until they have,
-# CUDA graphs keep the custom ops, whose GPU runs are recorded (benchmarks/results/h200-tests-*.md).
-# "1": every device (what a GPU run that verifies it sets); "0": none (measuring, a way back).
-def _traced_ops_devices(value: str | None) -> frozenset[str]:
-    value = (value or "").strip().lower()
-    if value in ("", "cpu"):
-        return frozenset({"cpu"})
-    if value in ("1", "yes", "on", "true", "all"):
-        return frozenset({"cpu", "cuda"})
-    if value in ("0", "no", "off", "false", "none"):
-        return frozenset()
-    raise ValueError(f"$FUSED_GEGLU_TRACED_OPS={value!r}: expected unset or 'cpu' (CPU tensors only), "
-                     "'1' (every device) or '0' (none)")
-
-
-TRACED_OPS_DEVICES = _traced_ops_devices(os.environ.get("FUSED_GEGLU_TRACED_OPS"))
-
-
-def _traced_plan(device: torch.device, m: int, h: int, i: int, sm90_shapes: bool) -> tuple[int, int, int] | None:
-    """``(tile, swizzle, raster)`` for ``geglu_mlp_train_fwd`` where the auto policy's eager training
-    step would run the C++ node's launch, else None. The policy's no-capture choice: a graph traced
-    for CUDA-graph replay (reduce-overhead) runs the same capture-safe kernels."""
-    if m == 0 or not (_dispatch.compiled_has("geglu_mlp_train_fwd", device.type)
-                      and _dispatch.compiled_has("geglu_mlp_gemm_bwd_keep", device.type)):
-        return None
-    route = _training_launch(device, "auto", m, h, i, 0 if device.type == "cuda" else None, lambda: sm90_shapes)
-    return None if route is None else route[0]
-
-
-@torch.compiler.allow_in_graph
-def _traced_step(x, w_gate, w_up, w_down, b_gate, b_up, b_down, approximate: str, train: bool):
-    """The traced forward (training: ``_traced_training``, inference: ``_traced_inference``) as one
-    node of dynamo's graph. Dynamo does not look inside: the plan needs the sizes as numbers, which
-    dynamo's symbolic sizes do not always say they are not. The AOT tracer that follows runs it on fake
-    tensors, where they do, and records the ops it calls; the custom op where there is no plan."""
-    args = (x, w_gate, w_up, w_down, b_gate, b_up, b_down, approximate)
-    y = _traced_training(*args) if train else _traced_inference(*args)
-    if y is None:
-        y = geglu_mlp_fwd_op(*args, train, "auto")[0]
-    return y
-
-
-def _traced_training(x, w_gate, w_up, w_down, b_gate, b_up, b_down, approximate: str):
-    """y from the two compiled ops, or None where the custom ops must run (see above)."""
-    i, h = w_gate.shape
-    sizes = (*x.shape, i, h)
-    if not (x.device.type in TRACED_OPS_DEVICES and ONE_CALL and x.is_contiguous()
-            and all(type(v) is int for v in sizes)):
-        return None
-    m = x.numel() // h if h else 0
-    sm90_shapes = x.device.type == "cuda" and m > 0 and sm90_weights.shapes_usable(x.view(m, h), w_gate, w_up)
-    launch = _traced_plan(x.device, m, h, i, sm90_shapes)
-    if launch is None:
-        return None
-    y, _, _ = ops.geglu_mlp_train_fwd(x, w_gate, w_up, w_down, b_gate, b_up, b_down,
-                                      0 if approximate == "none" else 1, *launch)
-    return y
-
-
-def _traced_inference(x, w_gate, w_up, w_down, b_gate, b_up, b_down, approximate: str):
-    """y from ``geglu_mlp_fwd_planned`` (geglu_mlp_infer's sequences as a graph node) with the plan of
-    an eager no-grad call of these sizes, or None: symbolic sizes, no plan, or a plan that differs
-    under CUDA-graph capture (decode sizes: the Triton kernels there), which only the custom op,
-    choosing per call, can follow into a captured graph."""
-    i, h = w_gate.shape
-    if (x.device.type not in TRACED_OPS_DEVICES or not x.is_contiguous() or h == 0
-            or not all(type(v) is int for v in (*x.shape, i, h))
-            or not _dispatch.compiled_has("geglu_mlp_fwd_planned", x.device.type)):
-        return None
-    m = x.numel() // h
-    plans = [_infer_plan(x.device, x.dtype, m, h, i, capturing) for capturing in (0, 1)]
-    if plans[0] is None or (x.device.type == "cuda" and plans[1] != plans[0]):
-        return None
-    _, tile, swizzle, raster = plans[0]
-    return ops.geglu_mlp_fwd_planned(x, w_gate, w_up, w_down, b_gate, b_up, b_down,
-                                     0 if approximate == "none" else 1, tile, swizzle, raster)
-
-
-def _register_traced_ops() -> None:
-    """Fake kernels and autograd of the two ops, where this variant has them."""
-    if not hasattr(ops, "geglu_mlp_train_fwd"):
-        return
-    fwd, bwd = add_op_namespace_prefix("geglu_mlp_train_fwd"), add_op_namespace_prefix("geglu_mlp_gemm_bwd_keep")
-
-    @torch.library.register_fake(fwd)
-    def _(x, w_gate, w_up, w_down, b_gate, b_up, b_down, approximate, tile, swizzle, raster):
-        i, h = w_gate.shape
-        m = x.numel() // h
-        return x.new_empty((*x.shape[:-1], w_down.shape[0])), x.new_empty((m, i)), x.new_empty((m, i))
-
-    @torch.library.register_fake(add_op_namespace_prefix("geglu_mlp_fwd_planned"))
-    def _(x, w_gate, w_up, w_down, b_gate, b_up, b_down, approximate, tile, swizzle, raster):
-        return x.new_empty((*x.shape[:-1], w_down.shape[0]))
-
-    @torch.library.register_fake(bwd)
-    def _(dy, x, w_gate, w_up, w_down, gate, up, approximate, has_b_gate, has_b_up, has_b_down):
-        i, h = w_gate.shape
-        return (x.new_empty(x.shape), w_gate.new_empty(w_gate.shape), w_up.new_empty(w_up.shape),
-                w_down.new_empty(w_down.shape), x.new_empty((i,) if has_b_gate else (0,)),
-                x.new_empty((i,) if has_b_up else (0,)), x.new_empty((h,) if has_b_down else (0,)))
-
-    def setup_context(ctx, inputs, output):
-        x, w_gate, w_up, w_down, b_gate, b_up, b_down, approximate = inputs[:8]
-        _, gate, up = output
-        ctx.save_for_backward(x, w_gate, w_up, w_down, gate, up)
-        ctx.approximate = approximate
-        ctx.has_bias = (b_gate is not None, b_up is not None, b_down is not None)
-
-    def backward(ctx, grad_y, _g_gate, _g_up):
-        x, w_gate, w_up, w_down, gate, up = ctx.saved_tensors
-        h = w_gate.shape[1]
-        bg, bu, bd = ctx.has_bias
-        dx, dwg, dwu, dwd, dbg, dbu, dbd = ops.geglu_mlp_gemm_bwd_keep(
-            grad_y.reshape(-1, h).contiguous(), x.view(-1, h), w_gate, w_up, w_down, gate, up, ctx.approximate,
-            bg, bu, bd)
-        return (dx.view(x.shape), dwg, dwu, dwd, dbg if bg else None, dbu if bu else None, dbd if bd else None,
-                None, None, None, None)
-
-    torch.library.register_autograd(fwd, backward, setup_context=setup_context)
-
-
-_register_traced_ops()
-
-
 # ---- eager inference: one compiled call ---------------------------------------------------------
 # A call with no graph to record and the auto policy runs, per size, one of two compiled sequences
 # (sm90 gate+up + cuBLAS down, or cuBLAS / ATen GEMMs around the compiled pointwise). geglu_mlp_infer
@@ -678,12 +541,12 @@ def geglu_mlp(x: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor, w_down:
         # outputs); at decode sizes the host time per call is what the GPU waits on.
         return _forward(*args, approximate, False, backend)[0]
     if tracing and (not needs_grad or not recompute) and backend == "auto":
-        # A graph being traced: the compiled ops as its nodes where a plan exists (see _traced_training).
+        # A graph being traced: the compiled ops as its nodes where a plan exists (mlp_traced).
         if torch.compiler.is_compiling():
-            return _traced_step(*args, approximate, needs_grad)
+            return mlp_traced.step(*args, approximate, needs_grad)
         if torch._C._len_torch_dispatch_stack() > 0:  # another tracer (make_fx, export): plain Python
             # (a tensor subclass in eager mode keeps the custom op)
-            y = _traced_training(*args, approximate) if needs_grad else _traced_inference(*args, approximate)
+            y = (mlp_traced.training if needs_grad else mlp_traced.inference)(*args, approximate)
             if y is not None:
                 return y
     route = _cpp_training_launch(x, w_gate, w_up, backend) if needs_grad and not recompute and not tracing else None
@@ -696,3 +559,7 @@ def geglu_mlp(x: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor, w_down:
         return y
     y, _, _ = geglu_mlp_fwd_op(*args, approximate, needs_grad and not recompute, backend)
     return y
+
+
+# The traced route plans with this module's launch rules: imported once they are defined.
+from . import mlp_traced  # noqa: E402
