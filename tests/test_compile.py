@@ -334,6 +334,41 @@ def test_traced_inference_calls_the_planned_op(kernel, device, shape, traced_ops
         torch._dynamo.reset()
 
 
+@pytest.mark.parametrize("case", ["strided_biases", "offset_biases", "no_intermediate"])
+@pytest.mark.parametrize("train", [False, True], ids=["infer", "train"])
+def test_traced_route_takes_what_eager_takes(kernel, device, case, train, traced_ops_on):
+    """Operands eager ``geglu_mlp`` computes, the traced route computes too, with eager's values:
+    biases sliced out of a packed [2I] vector (``b[::2]``, ``b[1::2]``), biases at an odd element offset
+    (2-byte aligned in bf16: the sm90 epilogue reads 4-byte aligned vectors and copies the others),
+    and an empty intermediate (I = 0: y is b_down). Until these were planned around, a compiled
+    inference forward raised in ``geglu_mlp_fwd_planned`` where the eager call worked."""
+    dtype = torch.bfloat16 if device == "cuda" else torch.float32
+    m, h, i = (64, 64, 0) if case == "no_intermediate" else (64, 64, 128)
+    packed = randn(2 * i + 1, device=device, dtype=dtype)
+    bg, bu = ((packed[:-1:2], packed[1::2]) if case == "strided_biases" else
+              (packed[1:i + 1], packed[i + 1:]))
+    leaves = [randn(m, h, device=device, dtype=dtype), randn(i, h, device=device, dtype=dtype, scale=h**-0.5),
+              randn(i, h, device=device, dtype=dtype, scale=h**-0.5),
+              randn(h, i, device=device, dtype=dtype, scale=max(i, 1)**-0.5), bg, bu,
+              randn(h, device=device, dtype=dtype)]
+    if train:
+        leaves = [t.detach().requires_grad_() for t in leaves]
+
+    def fn(*a):
+        return kernel.geglu_mlp(*a, approximate="tanh")
+
+    with torch.set_grad_enabled(train):
+        want = fn(*leaves)
+        torch._dynamo.reset()
+        got = torch.compile(fn, backend="aot_eager", fullgraph=True)(*leaves)
+        torch._dynamo.reset()
+    torch.testing.assert_close(got, want, rtol=0, atol=0)
+    if train:
+        dy = randn(m, h, device=device, dtype=dtype)
+        for a, b in zip(torch.autograd.grad(got, leaves, dy), torch.autograd.grad(want, leaves, dy)):
+            torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+
+
 @pytest.mark.gpu
 def test_cuda_graph_capture(kernel):
     """The ops launch on the current stream with no host syncs, so they can be captured."""

@@ -100,10 +100,9 @@ void geglu_bwd_inplace(at::Tensor &gate, at::Tensor &up, at::Tensor &grad_out, i
 void geglu_bwd_h(at::Tensor &grad_gate, at::Tensor &grad_up, at::Tensor &grad_out, at::Tensor const &gate,
                  at::Tensor const &up, int64_t approximate);
 // Whether geglu_gateup_sm90 takes these operands (x contiguous [M, H], weights [I, H] with stride-1 rows):
-// bf16/fp16, 16-byte TMA rows and bases, one row stride for both weights, two distinct weights less than
-// 2^40 bytes apart (one TMA view), 4-byte aligned biases. Its host op raises where this is false.
-bool sm90_gateup_takes(at::Tensor const &x, at::Tensor const &w_gate, at::Tensor const &w_up,
-                       std::optional<at::Tensor> const &b_gate, std::optional<at::Tensor> const &b_up);
+// bf16/fp16, 16-byte TMA rows and bases, one row stride for both weights, and two distinct weights less than
+// 2^40 bytes apart (one TMA view); any [I] biases. Its host op raises where this is false.
+bool sm90_gateup_takes(at::Tensor const &x, at::Tensor const &w_gate, at::Tensor const &w_up);
 // The MLP's inference forward with cuBLAS GEMMs (ATen linear) around geglu_fwd, h written over
 // gate: y[M,H] = (gelu(x w_gate^T + b_gate) * (x w_up^T + b_up)) w_down^T + b_down.
 at::Tensor geglu_mlp_gemm(at::Tensor const &x, at::Tensor const &w_gate, at::Tensor const &w_up,

@@ -8,6 +8,7 @@
 // (activation 1: tanh, 2: exact) runs after the GEMM, as ATen's gelu on its output, which is the
 // pre-activation kept; the addend's gradient is the gradient at the pre-activation itself.
 #include <ATen/core/Tensor.h>
+#include <ATen/ops/_unsafe_view.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/empty_like.h>
 #include <ATen/ops/gelu.h>
@@ -47,9 +48,10 @@ struct LinearLtTrain : public torch::autograd::Function<LinearLtTrain> {
     ctx->saved_data["activation"] = activation;
     ctx->saved_data["has_bias"] = bias.has_value() && bias->defined();
     ctx->saved_data["addend"] = addend;
+    if (x.dim() == 2) return out;
     std::vector<int64_t> shape = x.sizes().vec();
     shape.back() = n;
-    return out.view(shape);
+    return at::_unsafe_view(out, shape);  // not a view: in-place ops on the output stay allowed
   }
 
   static variable_list backward(AutogradContext *ctx, variable_list grads) {

@@ -20,6 +20,7 @@
 // three M x I buffers at any size. Under hooks they are saved, so the hooks see them.
 #include <ATen/SavedTensorHooks.h>
 #include <ATen/core/Tensor.h>
+#include <ATen/ops/_unsafe_view.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/empty_like.h>
 #include <ATen/ops/linear.h>
@@ -92,7 +93,7 @@ constexpr int64_t kGemmPointwise = -2;
 constexpr const char *kSecondBackward =
     "geglu_mlp: a second backward through the same graph is not supported: the first one turned the "
     "saved gate/up pre-activations into their gradients in place (memory). Call "
-    "geglu_mlp(..., recompute=True) to differentiate the graph more than once.";
+    "geglu_mlp(..., recompute=True) to run backward through one graph more than once (retain_graph=True).";
 
 #if !defined(CUDA_KERNEL)
 // The CPU backward: dh = dy w_down, then dgate/dup and h from the CPU pointwise kernels (into buffers
@@ -137,10 +138,13 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> train_forward(
   return geglu_mlp_gemm_train(x2, w_gate, w_up, w_down, b_gate, b_up, b_down, approximate);
 }
 
-at::Tensor in_shape_of(at::Tensor const &y, at::Tensor const &x) {
+// y [M, H] in x's leading shape. Not a view: autograd marks a view made inside a custom function,
+// and an in-place op on the node's output (y += r) would raise where it works after F.linear.
+at::Tensor in_shape_of(at::Tensor y, at::Tensor const &x) {
+  if (x.dim() == 2) return y;
   std::vector<int64_t> shape = x.sizes().vec();
   shape.back() = y.size(1);
-  return y.view(shape);
+  return at::_unsafe_view(y, shape);
 }
 
 void check_x(const char *op, at::Tensor const &x, at::Tensor const &w_gate) {
@@ -236,7 +240,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> geglu_mlp_train_fwd(
   const at::Tensor x2 = x.view({-1, w_gate.size(1)});
 #if defined(CUDA_KERNEL)
   // Planned at trace time; the pointers are known only now.
-  if (tile != kGemmPointwise && !sm90_gateup_takes(x2, w_gate, w_up, b_gate, b_up)) tile = kGemmPointwise;
+  if (tile != kGemmPointwise && !sm90_gateup_takes(x2, w_gate, w_up)) tile = kGemmPointwise;
 #endif
   auto [y, gate, up] = train_forward(x2, w_gate, w_up, w_down, b_gate, b_up, b_down, approximate, tile, swizzle,
                                      raster);

@@ -161,14 +161,20 @@ void geglu_gateup_sm90(at::Tensor &h_out, at::Tensor const &x, at::Tensor const 
   const bool has_bias = b_gate.has_value() && b_gate->defined();
   TORCH_CHECK(has_bias == (b_up.has_value() && b_up->defined()),
               "geglu_gateup_sm90: b_gate and b_up go together (pass zeros for a missing one)");
+  // The epilogue reads each bias as a contiguous, 4-byte aligned [I] vector. Any other [I] bias (a
+  // strided slice of a packed [2I] bias, a bf16 view at an odd offset) is copied first: I elements,
+  // so no caller has to refuse one or route around this kernel for it.
+  auto epilogue_bias = [&](at::Tensor const &b, const char *name) {
+    TORCH_CHECK(b.dim() == 1 && b.size(0) == I && b.scalar_type() == dtype && b.device() == x.device(),
+                "geglu_gateup_sm90: ", name, " must be a [", I, "] ", dtype, " tensor on ", x.device(),
+                ", got ", b.sizes(), " ", b.scalar_type(), " on ", b.device());
+    const bool direct = b.stride(0) == 1 && reinterpret_cast<uintptr_t>(b.data_ptr()) % 4 == 0;
+    return direct ? b : b.clone(at::MemoryFormat::Contiguous);
+  };
+  at::Tensor bg, bu;
   if (has_bias) {
-    for (auto const *b : {&*b_gate, &*b_up}) {
-      const char *name = b == &*b_gate ? "b_gate" : "b_up";
-      TORCH_CHECK(b->dim() == 1 && b->size(0) == I && b->is_contiguous() && b->scalar_type() == dtype &&
-                      b->is_cuda() && reinterpret_cast<uintptr_t>(b->data_ptr()) % 4 == 0,
-                  "geglu_gateup_sm90: ", name, " must be a contiguous, 4-byte aligned [", I, "] ",
-                  dtype, " CUDA tensor, got ", b->sizes(), " ", b->scalar_type());
-    }
+    bg = epilogue_bias(*b_gate, "b_gate");
+    bu = epilogue_bias(*b_up, "b_up");
   }
   const bool has_pre = gate_out.has_value() && gate_out->defined();
   TORCH_CHECK(has_pre == (up_out.has_value() && up_out->defined()),
@@ -190,9 +196,9 @@ void geglu_gateup_sm90(at::Tensor &h_out, at::Tensor const &x, at::Tensor const 
   TORCH_CHECK(prop->major == 9, "geglu_gateup_sm90: needs an sm_90 (Hopper) GPU, got sm_",
               prop->major, prop->minor);
   if (H == 0) {  // empty reduction: pre-activations are the biases (or zero)
-    at::Tensor g = has_bias ? b_gate->unsqueeze(0).expand({M, I}).to(at::kFloat)
+    at::Tensor g = has_bias ? bg.unsqueeze(0).expand({M, I}).to(at::kFloat)
                             : at::zeros({M, I}, x.options().dtype(at::kFloat));
-    at::Tensor u = has_bias ? b_up->unsqueeze(0).expand({M, I}).to(at::kFloat) : at::zeros_like(g);
+    at::Tensor u = has_bias ? bu.unsqueeze(0).expand({M, I}).to(at::kFloat) : at::zeros_like(g);
     if (has_pre) {
       gate_out->copy_(g);
       up_out->copy_(u);
@@ -209,8 +215,8 @@ void geglu_gateup_sm90(at::Tensor &h_out, at::Tensor const &x, at::Tensor const 
   a.x = x.data_ptr();
   a.w_gate = w_gate.data_ptr();
   a.w_up = w_up.data_ptr();
-  a.b_gate = has_bias ? b_gate->data_ptr() : nullptr;
-  a.b_up = has_bias ? b_up->data_ptr() : nullptr;
+  a.b_gate = has_bias ? bg.data_ptr() : nullptr;
+  a.b_up = has_bias ? bu.data_ptr() : nullptr;
   a.h = h_out.data_ptr();
   a.gate = has_pre ? gate_out->data_ptr() : nullptr;
   a.up = has_pre ? up_out->data_ptr() : nullptr;

@@ -22,6 +22,23 @@ from ._ops import add_op_namespace_prefix
 
 
 _PLAIN = (torch.Tensor, torch.nn.Parameter)
+_UNSAFE_VIEW = torch.ops.aten._unsafe_view.default
+
+
+def _own_output(o, args):
+    """``o`` as an output autograd will let the caller modify in place. An implementation returns a
+    result of x's leading shape as a view of the 2-D buffer its kernels wrote; a view made inside an
+    ``autograd.Function`` is marked so that ``y += r`` on it raises ("a view ... being modified
+    inplace"), where the same line after ``F.linear`` works. ``_unsafe_view`` (ATen's own way out,
+    used by ``matmul``) gives the same memory as a tensor of its own. A view of an input stays a
+    view: autograd must see that alias."""
+    if not isinstance(o, torch.Tensor) or not o._is_view():
+        return o
+    base = o._base
+    for a in args:
+        if isinstance(a, torch.Tensor) and (a is base or a._base is base):
+            return o
+    return _UNSAFE_VIEW(o, o.shape)
 
 
 def _tracing(args) -> bool:
@@ -62,14 +79,19 @@ class DualOp:
                 out = impl(*args)
                 ctx.private_saved = bool(private)  # setup_context may keep them outside the graph
                 setup_context(ctx, args, out)
-                if not private:
-                    return out
-                return tuple(o.new_empty((0,)) if i in private else o for i, o in enumerate(out))
+                if isinstance(out, tuple):
+                    return tuple(o.new_empty((0,)) if i in private else _own_output(o, args) for i, o in enumerate(out))
+                return _own_output(out, args)
 
             @staticmethod
             def backward(ctx, *grads):
+                if torch.is_grad_enabled():  # create_graph=True: the engine runs backward with grad mode on
+                    raise RuntimeError(
+                        f"{name}: create_graph=True (double backward) is not supported: its backward "
+                        "kernels record no graph, so second derivatives would be silently wrong")
                 return backward(ctx, *grads)
 
+        name = self.name.removesuffix("_op").removesuffix("_fwd")  # the public function's name
         _Function.__name__ = f"{self.name}_function"
         self._function = _Function
 

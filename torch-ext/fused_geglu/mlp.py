@@ -331,7 +331,7 @@ def _backward(ctx, grad_y, _g_gate, _g_up):
         raise RuntimeError(
             "geglu_mlp: a second backward through the same graph is not supported: the first one turned "
             "the saved gate/up pre-activations into their gradients in place (memory). Call "
-            "geglu_mlp(..., recompute=True) to differentiate the graph more than once.")
+            "geglu_mlp(..., recompute=True) to run backward through one graph more than once (retain_graph=True).")
     on_ctx = getattr(ctx, "preact_on_ctx", False)
     if on_ctx:
         x, w_gate, w_up, w_down, b_gate, b_up = ctx.saved_tensors
@@ -446,8 +446,8 @@ def _infer_plan(device: torch.device, dtype: torch.dtype, m: int, h: int, i: int
     """``(label, tile, swizzle, raster)``: what ``_forward`` runs for an auto, no-graph call on a
     contiguous x of these sizes when its operands are ones the sequence takes, as
     geglu_mlp_infer's launch arguments; None where it runs anything else (Triton)."""
-    if m == 0 or not ONE_CALL or not _dispatch.compiled_has_autograd("geglu_mlp_infer", device.type):
-        return None
+    if m == 0 or i == 0 or not ONE_CALL or not _dispatch.compiled_has_autograd("geglu_mlp_infer", device.type):
+        return None  # geglu_mlp_infer declines an empty intermediate: the general path has it
     backend = _pick(device, "auto", m, h, i, capturing)
     if device.type == "cpu":
         return ("cpu+gemm", *_GEMM_POINTWISE) if backend == "cpu" else None
