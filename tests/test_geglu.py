@@ -135,6 +135,64 @@ def test_bad_input_errors_name_the_argument(kernel, device):
         kernel.gelu_and_mul(torch.empty(3, 4, device=device).t(), g)
     with pytest.raises(ValueError, match="backend must be one of"):
         kernel.geglu(g, g, backend="tpu")
+    with pytest.raises(ValueError, match=r"backend must be one of .* got \['cpu'\]"):
+        kernel.geglu(g, g, backend=["cpu"])
+    packed = randn(4, 12, device=device)
+    for backend in kernel.available_backends(device):  # out is x's first 24 elements: partly read after written
+        with pytest.raises(ValueError, match="out shares memory with x"):
+            kernel.gelu_and_mul(packed.view(-1)[:24].view(4, 6), packed, backend=backend)
+        with pytest.raises(ValueError, match="out shares memory with x"):  # a strided x: the op path
+            kernel.gelu_and_mul(packed.view(-1)[:12].view(2, 6), packed[::2], backend=backend)
+    with pytest.raises(ValueError, match="out shares memory with x"):
+        kernel.gelu_and_mul(packed[:1, :6], packed[:1])  # one row: out is x's gate half
+    with pytest.raises(ValueError, match="out is a leaf tensor that requires grad"):
+        kernel.gelu_and_mul(torch.zeros(4, 6, device=device, requires_grad=True), packed)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_rows_that_overlap_are_computed(kernel, device, backend):
+    """2-D operands whose rows overlap in memory (a broadcast ``g.expand(M, n)``: row stride 0; an
+    ``as_strided`` view with row stride below its width) are valid inputs: computed as eager computes
+    them, not refused by a kernel's row-stride check."""
+    _skip_unless(kernel, device, backend)
+    one_row = randn(1, 8, device=device).expand(5, 8)
+    overlapping = randn(40, device=device).as_strided((5, 8), (4, 1))
+    up = randn(5, 8, device=device)
+    for name, gate in (("broadcast", one_row), ("overlapping", overlapping)):
+        ref = kernel.reference.geglu_ref(gate, up, "tanh")
+        assert_close(kernel.geglu(gate, up, approximate="tanh", backend=backend), ref, _eager(gate, up, "tanh"), name)
+    packed = randn(1, 16, device=device).expand(5, 16)
+    ref = kernel.reference.geglu_packed_ref(packed, "none")
+    eager = _eager(packed[:, :8], packed[:, 8:], "none")
+    assert_close(kernel.geglu_packed(packed, backend=backend), ref, eager, "packed broadcast")
+    out = torch.empty(5, 8, device=device)
+    assert_close(kernel.gelu_and_mul(out, packed, backend=backend), ref, eager, "gelu_and_mul broadcast")
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_gelu_and_mul_with_no_features(kernel, device, backend):
+    """x [..., 0] (d = 0): an empty out on every backend (a view of it as [-1, 0] raised once)."""
+    _skip_unless(kernel, device, backend)
+    out = torch.empty(4, 0, device=device)
+    assert kernel.gelu_and_mul(out, torch.empty(4, 0, device=device), backend=backend) is out
+
+
+def test_gelu_and_mul_write_is_seen_by_autograd(kernel, device):
+    """gelu_and_mul writes out's memory in place, as ATen's out= ops do, and bumps out's version as
+    they do: a graph that saved out before the write refuses its backward instead of computing
+    gradients from the overwritten values (it used the new values once, silently)."""
+    w = randn(4, 6, device=device, requires_grad=True)
+    out = randn(4, 6, device=device)
+    y = (w * out).sum()  # saves out for dw
+    kernel.gelu_and_mul(out, randn(4, 12, device=device))
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        y.backward()
+    a = randn(4, 6, device=device, requires_grad=True)
+    out = a * 2  # out has a history: the write is recorded (a copy), as out.copy_ would be
+    z = (out * out).sum()
+    kernel.gelu_and_mul(out, randn(4, 12, device=device))
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        z.backward()
 
 
 def test_unavailable_backend_is_refused(kernel, device):

@@ -76,13 +76,15 @@ class _SparsityBuffer(_SpyHost):
 
 
 _DEFER_CASES = ["silu", "sparsity", "sparsity-property", "sparsity-buffer", "dropout-training", "hooked-down-proj",
-                "backward-hooked-up-proj", "bias-outside-parameters", "gate-proj-subclass", "autocast"]
+                "backward-hooked-up-proj", "bias-outside-parameters", "gate-proj-subclass", "autocast", "float64"]
 
 
 @pytest.mark.parametrize("case", _DEFER_CASES)
 def test_geglu_mlp_layer_defers_to_the_host_where_it_cannot_fuse(kernel, device, case):
     cls = {"sparsity-property": _SparsityProperty, "sparsity-buffer": _SparsityBuffer}.get(case, _SpyHost)
     host = cls(16, 32, nn.SiLU() if case == "silu" else nn.GELU(approximate="tanh"), True).to(device)
+    dtype = torch.float64 if case == "float64" else torch.float32  # a dtype the kernels do not compute
+    host.to(dtype)
     if case == "sparsity":
         host.activation_sparsity = 0.95  # Gemma3n: the host applies a top-k to gate first
     if case == "dropout-training":
@@ -100,7 +102,7 @@ def test_geglu_mlp_layer_defers_to_the_host_where_it_cannot_fuse(kernel, device,
         lin = type("Scaled", (nn.Linear,), {"forward": lambda self, t: 2 * nn.Linear.forward(self, t)})(16, 32)
         host.gate_proj = lin.to(device)
     autocast = torch.autocast(device, dtype=torch.bfloat16) if case == "autocast" else contextlib.nullcontext()
-    x = randn(4, 16, device=device)
+    x = randn(4, 16, device=device, dtype=dtype)
     with autocast:
         expected = _HostMLP.forward(host, x)
         _SpyHost.calls = 0
@@ -134,6 +136,31 @@ def test_host_attr_is_getattr_without_the_exception(kernel):
         want = getattr(host, name, "default")
         got = layers._host_attr(host, name, "default")
         assert got is want, name
+
+
+class _T5Host(nn.Module):
+    def forward(self, x):
+        return self.wo(self.dropout(self.act(self.wi_0(x)) * self.wi_1(x)))
+
+
+def test_layers_keep_a_float64_host_exact(kernel, device):
+    """A float64 model (a reference run, a gradient check) is computed by its own forward through every
+    layer, as eager would, rather than refused by the kernels' dtype check."""
+    x = randn(3, 5, 24, device=device, dtype=torch.float64)
+    host = nn.Linear(24, 40).to(device, torch.float64)
+    expected = host(x)
+    got = MethodType(kernel.layers.LinearBias.forward, host)(x)
+    torch.testing.assert_close(got, expected, rtol=0, atol=0)
+    for cls, approx in (("GeluAndMul", "none"), ("GeluTanhAndMul", "tanh")):
+        got = getattr(kernel.layers, cls)()(x)  # the layer class used as a module: the plain math
+        want = nn.functional.gelu(x[..., :12], approximate=approx) * x[..., 12:]
+        torch.testing.assert_close(got, want, rtol=0, atol=0)
+    t5 = _T5Host()
+    t5.wi_0, t5.wi_1, t5.wo = nn.Linear(24, 32, bias=False), nn.Linear(24, 32, bias=False), nn.Linear(32, 24, bias=False)
+    t5.act, t5.dropout = nn.GELU(approximate="tanh"), nn.Dropout(0.0)
+    t5.to(device, torch.float64)
+    want = t5.wo(t5.dropout(t5.act(t5.wi_0(x)) * t5.wi_1(x)))
+    torch.testing.assert_close(MethodType(kernel.layers.T5GeGLUDense.forward, t5)(x), want, rtol=0, atol=0)
 
 
 @pytest.mark.parametrize("case", ["plain", "no-bias", "autocast", "dtype-mismatch", "forward-hook"])

@@ -199,6 +199,11 @@ def test_linear_bad_input(kernel, device):
         kernel.linear(x, w.bfloat16())
     with pytest.raises(ValueError, match="activation must be"):
         kernel.linear(x, w, activation="relu")
+    for activation in (None, "gelu_tanh"):  # a bias that is not a tensor is named, not an AttributeError
+        with pytest.raises(TypeError, match="bias must be a torch.Tensor or None, got float"):
+            kernel.linear(x, w, 0.0, activation=activation)
+    with pytest.raises(ValueError, match=r"backend must be one of .* got \['cpu'\]"):
+        kernel.linear(x, w, backend=["cpu"])
 
 
 def _fresh_tables(kernel, monkeypatch, short_path: str | None):
@@ -273,6 +278,11 @@ def test_linear_short_path_refuses_what_linear_refuses(kernel, device, monkeypat
     if device == "cuda":
         with pytest.raises(ValueError, match="weight is on cpu but x is on cuda"):
             kernel.linear(x, w.cpu())
+    # F.linear itself takes a "meta" weight with a CPU x and returns an uninitialised CPU tensor.
+    with pytest.raises(ValueError, match=f"weight is on meta but x is on {device}"):
+        kernel.linear(x, torch.empty(5, 6, device="meta"))
+    with pytest.raises(ValueError, match=f"bias is on meta but x is on {device}"):
+        kernel.linear(x, w, torch.empty(5, device="meta"))
 
 
 def test_linear_short_path_yields_to_overrides(kernel, device, monkeypatch, backends):

@@ -185,6 +185,19 @@ def test_geglu_mlp_bad_input(kernel, device):
         kernel.geglu_mlp(x, wg, wu, wd, b_down=randn(16, device=device))
     with pytest.raises(TypeError, match="w_down has dtype torch.float16"):
         kernel.geglu_mlp(x, wg, wu, wd.half())
+    with pytest.raises(TypeError, match="b_gate must be a torch.Tensor or None, got float"):
+        kernel.geglu_mlp(x, wg, wu, wd, b_gate=0.0)
+    with pytest.raises(ValueError, match="backend must be one of"):
+        kernel.geglu_mlp(x, wg, wu, wd, backend=("cpu",))
+
+
+def test_geglu_mlp_on_meta_tensors(kernel):
+    """Meta tensors (shape inference, a model built on the meta device) get meta results, with and
+    without gradients: no lookup of a compiled kernel for the "meta" device type (a KeyError once)."""
+    m = [torch.empty(*s, device="meta") for s in ((2, 3, 8), (16, 8), (16, 8), (8, 16))]
+    assert kernel.geglu_mlp(*m).shape == (2, 3, 8)
+    y = kernel.geglu_mlp(m[0].requires_grad_(), *m[1:])
+    assert y.shape == (2, 3, 8) and y.device.type == "meta" and y.requires_grad
 
 
 @pytest.mark.gpu

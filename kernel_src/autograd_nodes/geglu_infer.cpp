@@ -7,6 +7,7 @@
 // Why: at the sizes a decode step uses, a pointwise call is a few µs of GPU time and the Python around
 // it (an output allocation, three row views, the kernel op) cost more than the eager expression it
 // replaces (H200 harness, fd3f75b: 33.8 against eager's 25.5 µs at M = 16). Here those steps are C++.
+#include <ATen/MemoryOverlap.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
 #include <c10/core/DeviceGuard.h>
@@ -39,6 +40,10 @@ void geglu_packed_into(at::Tensor &out, at::Tensor const &x, int64_t approximate
               "geglu_packed_into: x must be contiguous with an even last dimension and out contiguous with "
               "half of it, got x ", x.sizes(), " and out ", out.sizes());
   if (out.numel() == 0) return;
+  // Both are dense here, so ATen's test is exact: an out inside x (its first half, say) would be
+  // written while the kernel still reads it. (geglu_fwd's own test sees x's halves, which are not
+  // dense, and cannot tell.)
+  at::assert_no_overlap(out, x);
   const c10::OptionalDeviceGuard guard(x.device());
   const at::Tensor x2 = rows(x);
   at::Tensor out2 = rows(out);

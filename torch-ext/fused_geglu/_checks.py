@@ -20,10 +20,29 @@ def tensor(name: str, t, ndim: int | None = None, min_ndim: int | None = None) -
         raise ValueError(f"{name} must have at least {min_ndim} dimension(s), got shape {tuple(t.shape)}")
 
 
+def _byte_span(t: torch.Tensor) -> tuple[int, int]:
+    """[first, last + 1) bytes of the memory ``t``'s elements occupy (strides are never negative)."""
+    if t.numel() == 0:
+        return 0, 0
+    extent = sum((n - 1) * s for n, s in zip(t.shape, t.stride()))
+    lo = t.data_ptr()
+    return lo, lo + (extent + 1) * t.element_size()
+
+
+def memory_overlaps(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether ``a`` and ``b`` may share an element: their byte spans intersect (exact for dense
+    tensors; strided ones interleaved without sharing count as overlapping, which only costs a
+    refusal of an unusual ``out``)."""
+    (a0, a1), (b0, b1) = _byte_span(a), _byte_span(b)
+    return a0 < b1 and b0 < a1
+
+
 def same_dtype_device(ref_name: str, ref: torch.Tensor, **others) -> None:
     for name, t in others.items():
         if t is None:
             continue
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor or None, got {type(t).__name__}")
         if t.dtype != ref.dtype:
             raise TypeError(f"{name} has dtype {t.dtype} but {ref_name} has {ref.dtype}; they must match")
         if t.device != ref.device:

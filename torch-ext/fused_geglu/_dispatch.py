@@ -42,17 +42,23 @@ def _has_kernel(op: str, dispatch_key: str) -> bool:
         return False
 
 
+_DISPATCH_KEYS = {"cpu": "CPU", "cuda": "CUDA"}
+
+
 @lru_cache(maxsize=None)
 def compiled_has(op: str, device_type: str) -> bool:
-    """Whether the compiled library registered ``op`` for ``device_type`` ("cpu"/"cuda")."""
-    return _has_kernel(op, {"cpu": "CPU", "cuda": "CUDA"}[device_type])
+    """Whether the compiled library registered ``op`` for ``device_type`` ("cpu"/"cuda"; any other
+    device type, "meta" say, has no compiled kernels)."""
+    key = _DISPATCH_KEYS.get(device_type)
+    return key is not None and _has_kernel(op, key)
 
 
 @lru_cache(maxsize=None)
 def compiled_has_autograd(op: str, device_type: str) -> bool:
     """Whether the compiled library registered an autograd kernel (a C++ autograd node) for ``op``
     on ``device_type`` tensors: such ops are registered for one Autograd key only."""
-    return _has_kernel(op, {"cpu": "AutogradCPU", "cuda": "AutogradCUDA"}[device_type])
+    key = _DISPATCH_KEYS.get(device_type)
+    return key is not None and _has_kernel(op, "Autograd" + key)
 
 
 @lru_cache(maxsize=None)
@@ -139,7 +145,7 @@ def overridden() -> bool:
 
 def requested(backend: str | None) -> str:
     value = backend if backend is not None else (env(ENV_VAR) or "auto")
-    if value not in _REQUESTABLE:
+    if type(value) is not str or value not in _REQUESTABLE:
         raise ValueError(f"backend must be one of {('auto', *BACKENDS)}, got {value!r}")
     return value
 

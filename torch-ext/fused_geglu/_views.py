@@ -16,7 +16,9 @@ def rows(t: torch.Tensor) -> torch.Tensor:
     """
     n = t.shape[-1]
     if t.dim() == 2 and (t.stride(1) == 1 or n <= 1):
-        return t  # already rows (the common 2-D case, kept cheap: it runs on every call)
+        if t.stride(0) >= n or t.shape[0] <= 1:
+            return t  # already rows (the common 2-D case, kept cheap: it runs on every call)
+        return t.contiguous()  # rows that overlap (a broadcast x.expand(M, n), stride 0): the kernels need their own
     if t.stride(-1) != 1 and n > 1:
         t = t.contiguous()
     # reshape is a view where the leading dims collapse and a contiguous copy where they do not. (A

@@ -228,7 +228,7 @@ geglu_packed_fwd_op.register_autograd(_packed_backward, setup_context=_packed_se
 def gelu_and_mul_out_op(out: torch.Tensor, x: torch.Tensor, approximate: str, backend: str) -> None:
     backend = _pick(x.device, backend, "fwd", out.numel())
     gate2, up2 = _halves(rows(x))
-    _fwd_into(out.view(-1, out.shape[-1]), gate2, up2, approximate, backend)
+    _fwd_into(rows(out), gate2, up2, approximate, backend)  # rows: also with no features (out [..., 0])
     _dispatch.record("gelu_and_mul", backend)
 
 
@@ -316,6 +316,11 @@ def geglu_packed(x: torch.Tensor, approximate: str = "none", backend: str | None
     return _packed(x, approximate, _dispatch.requested(backend))
 
 
+def _out_overlaps_x() -> ValueError:
+    return ValueError("out shares memory with x: gelu_and_mul reads x while it writes out, so out must be a "
+                      "tensor of its own (clone x, or use geglu_packed(x))")
+
+
 def _gelu_and_mul(out: torch.Tensor, x: torch.Tensor, approximate: str, backend: str | None) -> torch.Tensor:
     if not (_checks.packed_args_ok(x, approximate) and _checks.packed_out_ok(out, x)):
         _check_packed(x)
@@ -325,18 +330,35 @@ def _gelu_and_mul(out: torch.Tensor, x: torch.Tensor, approximate: str, backend:
         if not out.is_contiguous():
             raise ValueError(f"out must be contiguous, got strides {out.stride()}")
     backend = _dispatch.requested(backend)
-    if x.requires_grad and torch.is_grad_enabled():
-        # Differentiable path: copy_ records the copy in the graph, so out carries the gradient.
+    if torch.is_grad_enabled() and (x.requires_grad or out.requires_grad):
+        if out.requires_grad and out.grad_fn is None:
+            raise ValueError("out is a leaf tensor that requires grad, and gelu_and_mul writes into out in place; "
+                             "pass an out that does not require grad, or use geglu_packed(x) for a new tensor")
+        # Differentiable path: copy_ records the copy in the graph, so out carries the gradient (and an
+        # out that already has a history gets the write recorded, not hidden from autograd).
         out.copy_(_packed(x, approximate, backend))
         return out
+    tracing = _tracing((out, x))
     entry = None
-    if x.is_contiguous() and not _tracing((out, x)):
+    if x.is_contiguous() and not tracing:
         entry = _compiled_entry(x.device, backend, out.numel(), False, False, "")
-    if entry is not None:
-        ops.geglu_packed_into(out, x, _APPROX_CODE[approximate])
-        _dispatch.record("gelu_and_mul", entry)
-    else:
-        gelu_and_mul_out_op(out, x, approximate, backend)
+    # (The compiled entry makes this test itself, in C++: both operands are dense there.)
+    if entry is None and not tracing and _checks.memory_overlaps(out, x):
+        raise _out_overlaps_x()
+    try:
+        if entry is not None:
+            ops.geglu_packed_into(out, x, _APPROX_CODE[approximate])
+            _dispatch.record("gelu_and_mul", entry)
+        else:
+            gelu_and_mul_out_op(out, x, approximate, backend)
+    except RuntimeError as e:
+        if "refer to a single memory location" not in str(e):
+            raise
+        raise _out_overlaps_x() from None
+    if not tracing:
+        # The kernels write out's memory behind autograd's back: bump its version as ATen's out= ops do,
+        # so a graph that saved out (y = w * out) refuses its backward instead of using the new values.
+        torch.autograd.graph.increment_version(out)
     return out
 
 

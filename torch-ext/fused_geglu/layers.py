@@ -17,6 +17,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from ._checks import FLOAT_DTYPES
 from .geglu import geglu, geglu_packed
 from .linear import linear
 from .mlp import geglu_mlp
@@ -63,7 +64,8 @@ def _host_attr(module: nn.Module, name: str, default=None):
 def _projection_operands(module: nn.Module, x: torch.Tensor, names: tuple[str, ...]) -> list | None:
     """``[weight, bias, weight, bias, ...]`` of the host's projections ``names`` when a fused op
     computes exactly what they would, else None: each a plain dense ``nn.Linear`` (no subclass, no
-    parametrization, no DTensor) without hooks, on x's dtype and device, autocast off.
+    parametrization, no DTensor) without hooks, on x's dtype and device, autocast off, in a dtype the
+    kernels compute (a float64 model keeps its own forward).
 
     Hooks matter: tensor parallelism (transformers' TP plans, ``parallelize_module``) and
     offloading do their communication in forward hooks on the projections, which calling the
@@ -77,6 +79,8 @@ def _projection_operands(module: nn.Module, x: torch.Tensor, names: tuple[str, .
     compiling = torch.compiler.is_compiling()  # dynamo traces the plain attributes
     mods = None if compiling else module.__dict__["_modules"]
     dtype, device = x.dtype, x.device
+    if dtype not in FLOAT_DTYPES:
+        return None
     out = []
     for name in names:
         lin = getattr(module, name, None) if compiling else mods.get(name)
@@ -175,7 +179,7 @@ def _tensor_parallel_mlp(module: nn.Module, x: torch.Tensor, approx: str):
         if x.placements != (Replicate(),):
             return None
         x = x.to_local()
-    if x.dtype != weights[0].dtype or torch.is_autocast_enabled(x.device.type):
+    if x.dtype != weights[0].dtype or x.dtype not in FLOAT_DTYPES or torch.is_autocast_enabled(x.device.type):
         return None
     group = mesh.get_group()
     x = _CopyToTensorParallel.apply(x, group)
@@ -279,8 +283,8 @@ class LinearBias(nn.Module):
             else:
                 params = self.__dict__["_parameters"]
                 weight, bias = params.get("weight"), params.get("bias")
-            if (type(weight) in _PLAIN and input.dtype == weight.dtype and input.device == weight.device
-                    and not _autocast_on(input.device)):
+            if (type(weight) in _PLAIN and input.dtype == weight.dtype and input.dtype in FLOAT_DTYPES
+                    and input.device == weight.device and not _autocast_on(input.device)):
                 return linear(input, weight, bias)
         return nn.functional.linear(input, self.weight, self.bias)
 
@@ -292,7 +296,9 @@ class GeluAndMul(nn.Module):
     can_torch_compile = True
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return geglu_packed(x, approximate="none")
+        if x.dtype in FLOAT_DTYPES:
+            return geglu_packed(x, approximate="none")
+        return _host_forward(self, GeluAndMul, lambda t: _packed_plain(t, "none"), x)
 
 
 class GeluTanhAndMul(nn.Module):
@@ -302,7 +308,15 @@ class GeluTanhAndMul(nn.Module):
     can_torch_compile = True
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return geglu_packed(x, approximate="tanh")
+        if x.dtype in FLOAT_DTYPES:
+            return geglu_packed(x, approximate="tanh")
+        return _host_forward(self, GeluTanhAndMul, lambda t: _packed_plain(t, "tanh"), x)
+
+
+def _packed_plain(x: torch.Tensor, approximate: str) -> torch.Tensor:
+    """The packed GeGLU in PyTorch, for a dtype the kernels do not compute (float64)."""
+    d = x.shape[-1] // 2
+    return nn.functional.gelu(x[..., :d], approximate=approximate) * x[..., d:]
 
 
 __all__ = ["GeGLUMLP", "T5GeGLUDense", "LinearBias", "GeluAndMul", "GeluTanhAndMul", "gelu_approximation"]

@@ -285,9 +285,12 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
         # is checked here rather than left to whichever ATen route runs); its own refusals (dtypes
         # and devices of x and weight, feature counts) are reworded below. About 1 µs of Python
         # against the full path's 6 (development CPU, 2026-12-04).
-        chosen = _ATEN_PLAIN.get(x.device)
+        device = x.device
+        chosen = _ATEN_PLAIN.get(device)
         if (chosen is not None and x.dtype in _checks.FLOAT_DTYPES and x.is_contiguous() and weight.dim() == 2
-                and (bias is None or (bias.shape == weight.shape[:1] and bias.dtype == x.dtype))
+                and weight.device == device  # F.linear takes a "meta" weight with a CPU x (and returns garbage)
+                and (bias is None or (bias.shape == weight.shape[:1] and bias.dtype == x.dtype
+                                      and bias.device == device))
                 and not _dispatch.overridden()
                 and torch._C._len_torch_dispatch_stack() == 0
                 and (_dispatch.CPP_AUTOGRAD or not torch.is_grad_enabled()
