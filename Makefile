@@ -25,6 +25,10 @@ venv: $(SETUP)
 $(VENV)/.installed: requirements/dev.txt requirements/constraints.txt
 	$(PYTHON) -m venv $(VENV)
 	$(VENV)/bin/python -m pip install -q --disable-pip-version-check -r requirements/dev.txt -c requirements/constraints.txt
+	@# The CLI as a command (README's `fused-geglu ...`): this checkout's tools, on the venv's Python.
+	printf '#!/bin/sh\nPYTHONPATH="%s/src$${PYTHONPATH:+:$$PYTHONPATH}" exec "%s/bin/python" -m fused_geglu_tools "$$@"\n' \
+		"$(CURDIR)" "$(abspath $(VENV))" > $(VENV)/bin/fused-geglu
+	chmod +x $(VENV)/bin/fused-geglu
 	touch $@
 
 build: $(SETUP)

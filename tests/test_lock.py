@@ -121,6 +121,27 @@ def test_online_resolution_reads_the_hub_branch(tmp_path):
         lock.resolve([lock.Dependency(REPO_ID, 3)], offline=False, api=FakeApi())
 
 
+def test_an_unreachable_hub_is_unresolved_not_stale(tmp_path, capsys, monkeypatch):
+    """Without a network the client's transport error (httpx2's ConnectError under huggingface_hub 2.x,
+    not an OSError) is reported as "could not resolve" (exit 3), not a traceback and exit 1 ("stale")."""
+    errors = [e for e in lock._network_errors() if e is not OSError]
+    if not errors:
+        pytest.skip("huggingface_hub's HTTP client (httpx / httpx2) is not installed")
+
+    class NoNetworkApi:
+        def list_repo_refs(self, repo_id, *, repo_type=None):
+            raise errors[0]("[Errno -3] Temporary failure in name resolution")
+
+    project = write_project(tmp_path / "consumer", f'"{REPO_ID}" = 1')
+    with pytest.raises(lock.LockError, match="cannot reach the Hub for org/fused-geglu"):
+        lock.resolve([lock.Dependency(REPO_ID, 1)], offline=False, api=NoNetworkApi())
+    import huggingface_hub
+
+    monkeypatch.setattr(huggingface_hub, "HfApi", NoNetworkApi)  # what the CLI's resolution constructs
+    assert lock.main([str(project), "--online", "--check"]) == lock.EXIT_UNRESOLVED
+    assert "cannot reach the Hub" in capsys.readouterr().err
+
+
 # --- the lock pins a commit, through a rebuild ---------------------------------------------------
 
 LOAD_SCRIPT = r"""

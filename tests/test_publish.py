@@ -90,8 +90,10 @@ def test_card_lists_the_api_layers_and_version(repo_root, clean_build, tmp_path,
     assert dry_run(repo_root, clean_build, tmp_path / "dry") == publish.EXIT_OK
     readme = (tmp_path / "dry" / "main" / "README.md").read_text()
     assert "layers" in api_names
+    modules = card.exported_modules(verify.find_variants(clean_build)[0])
+    assert modules == {"layers", "reference"}, modules
     for name in api_names:
-        if name != "layers":
+        if name not in modules:  # the functions; the exported submodules are not listed as functions
             assert f"- `{name}`" in readme
     layers = card.read_layers(verify.find_variants(clean_build)[0])
     assert layers, "the kernel should define at least one layer"
@@ -291,6 +293,37 @@ def test_card_benchmark_table_is_tolerant(repo_root, clean_build, tmp_path):
     assert "No benchmark results are published" in card.render_repo_card(root, clean_build)
     newest.write_text("{not json")
     assert "No benchmark results are published" in card.render_repo_card(root, clean_build)
+
+
+def _harness_run(created: str, tokens: tuple[int, ...], eager_us: float) -> dict:
+    rows = [{"op": "geglu_mlp", "shape": "gemma-2b", "M": m, "mode": "fwd", "provider": p, "status": "ok",
+             "median_us": eager_us if p == "eager" else eager_us / 2} for m in tokens
+            for p in ("eager", "compile", "liger", "ours-auto", "ours-triton")]
+    return {"schema": "fused-geglu-bench/1", "created": created, "complete": True, "quick": False,
+            "env": {"device": "NVIDIA H200", "torch": "2.11.0+cu130", "commit": "abcdef0123"}, "rows": rows}
+
+
+def test_card_shows_the_newest_full_harness_run(repo_root, clean_build, tmp_path):
+    """The card's table is the newest full geglu_mlp harness run by the run's own ``created`` time
+    (files in a fresh clone share one mtime, and the alphabetically last file was shown once: a host
+    timing diff), one row per case with eager / compile / Liger / ours; a decode-only run, a quick
+    run and other JSON files are not it. Functions exclude the exported submodules only."""
+    root = _repo_copy(repo_root, tmp_path / "repo")
+    results = root / "benchmarks" / "results"
+    (results / "a-full.json").write_text(json.dumps(_harness_run("2026-12-04T10:00:00+00:00", (16, 8192), 100.0)))
+    (results / "b-full-older.json").write_text(json.dumps(_harness_run("2026-12-03T10:00:00+00:00", (16, 8192), 7.0)))
+    (results / "c-decode.json").write_text(json.dumps(_harness_run("2026-12-05T10:00:00+00:00", (16,), 5.0)))
+    (results / "z-other.json").write_text(json.dumps([{"shape": "x", "ms": 1.0}]))
+    for f in results.iterdir():
+        os.utime(f, (1, 1))
+    text = card.render_repo_card(root, clean_build).split("## Benchmarks")[1]
+    assert "`benchmarks/results/a-full.json`" in text and "commit: abcdef0" in text, text
+    assert "| op | shape | tokens | mode | eager µs | compile µs | liger µs | ours-auto µs | eager / ours |" in text
+    assert "| geglu_mlp | gemma-2b | 8192 | fwd | 100 | 50 | 50 | 50 | 2.00x |" in text
+    functions = card.render_repo_card(root, clean_build).split("## Functions")[1].split("##")[0]
+    for name in ("geglu", "linear", "geglu_mlp", "gelu_and_mul"):
+        assert f"- `{name}`" in functions
+    assert "`reference`" not in functions and "`layers`" not in functions
 
 
 def test_card_refuses_variants_with_different_apis(repo_root, clean_build):

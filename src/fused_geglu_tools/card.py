@@ -2,7 +2,8 @@
 
 Everything the card states is read from what is published, without importing the kernel:
 
-- ``functions``: the variant's ``__init__.py`` ``__all__`` (read with ``ast``), minus ``layers``;
+- ``functions``: the variant's ``__init__.py`` ``__all__`` (read with ``ast``), minus its submodules
+  (``layers``, ``reference``);
 - ``layers``: the ``nn.Module`` subclasses defined in the variant's ``layers.py`` (or the
   ``layers/`` package), also read with ``ast``;
 - ``version``, ``repo_id``, ``license``, ``upstream``, ``source``: ``build.toml``;
@@ -112,6 +113,14 @@ def variant_api(variant_dir: Path) -> list[str]:
     return read_all(init_py)
 
 
+def exported_modules(variant_dir: Path) -> set[str]:
+    """Names the variant's ``__init__.py`` binds to submodules (``from . import layers, reference``).
+    (A name such as ``geglu``, imported as ``from .geglu import geglu``, is the function.)"""
+    tree = ast.parse((Path(variant_dir) / "__init__.py").read_text())
+    return {(a.asname or a.name) for node in ast.walk(tree)
+            if isinstance(node, ast.ImportFrom) and node.module is None and node.level == 1 for a in node.names}
+
+
 def tree_api(build_dir: Path) -> dict[str, list[str]]:
     """``{variant: __all__}`` for every variant under ``build_dir``."""
     return {v.name: variant_api(v) for v in find_variants(build_dir)}
@@ -128,8 +137,45 @@ class BenchmarkTable:
     notes: list[str]  # "key: value" lines from top-level scalar fields (GPU, versions, date)
 
 
+HARNESS_SCHEMA = "fused-geglu-bench/"  # benchmarks/compare.py's JSON (benchmarks/README.md)
+_CARD_PROVIDERS = ("eager", "compile", "liger", "ours-auto")
+
+
+def _full_mlp_run(data) -> bool:
+    """A complete harness run of ``geglu_mlp`` over more than one token count (not --quick or a
+    decode-only or single-op-width run): what the card's speed table is made from."""
+    if not (isinstance(data, dict) and str(data.get("schema", "")).startswith(HARNESS_SCHEMA)
+            and data.get("complete") and not data.get("quick") and not data.get("smoke")):
+        return False
+    rows = data.get("rows")
+    return isinstance(rows, list) and len({r.get("M") for r in rows
+                                           if isinstance(r, dict) and r.get("op") == "geglu_mlp"}) > 1
+
+
+def _harness_table(name: str, data: dict, max_rows: int) -> BenchmarkTable:
+    """One row per (op, shape, tokens, mode): median µs of eager, torch.compile, Liger and this kernel."""
+    times: dict[tuple, dict[str, float]] = {}
+    for r in data["rows"]:
+        if r.get("status") == "ok" and r.get("provider") in _CARD_PROVIDERS and r.get("median_us") is not None:
+            times.setdefault((r["op"], r["shape"], r["M"], r["mode"]), {})[r["provider"]] = r["median_us"]
+    columns = ["op", "shape", "tokens", "mode", *(f"{p} µs" for p in _CARD_PROVIDERS), "eager / ours"]
+    rows = []
+    for (op, shape, m, mode), t in times.items():
+        ours, eager = t.get("ours-auto"), t.get("eager")
+        speedup = f"{eager / ours:.2f}x" if ours and eager else ""
+        rows.append([op, shape, str(m), mode, *(_cell(t.get(p)) for p in _CARD_PROVIDERS), speedup])
+    env = data.get("env", {})
+    notes = [f"{k}: {v}" for k, v in (("device", env.get("device")), ("torch", env.get("torch")),
+                                      ("triton", env.get("triton")), ("commit", str(env.get("commit", ""))[:7]),
+                                      ("created", data.get("created"))) if v]
+    if len(rows) > max_rows:
+        notes.append(f"first {max_rows} of {len(rows)} rows shown")
+    return BenchmarkTable(source=name, columns=columns, rows=rows[:max_rows], notes=notes)
+
+
 def load_benchmark_table(results_dir: Path, max_rows: int = 40) -> BenchmarkTable | None:
-    """A table from the newest ``*.json`` under ``results_dir``, or ``None``.
+    """The card's speed table: from the newest full ``geglu_mlp`` run of the harness (by the run's own
+    ``created`` time: files in a fresh clone all have one mtime), else from the newest ``*.json``.
 
     Tolerant on purpose (the results schema is owned elsewhere): the file may be a list of row
     objects, or an object whose ``rows`` / ``results`` / ``benchmarks`` / ``data`` field is such a
@@ -139,6 +185,17 @@ def load_benchmark_table(results_dir: Path, max_rows: int = 40) -> BenchmarkTabl
     files = sorted(Path(results_dir).glob("*.json"), key=lambda p: (p.stat().st_mtime, p.name))
     if not files:
         return None
+    runs = []
+    for f in files:
+        try:
+            data = json.loads(f.read_text())
+        except (OSError, json.JSONDecodeError):
+            continue
+        if _full_mlp_run(data):
+            runs.append((str(data.get("created", "")), f.name, data))
+    if runs:
+        _, name, data = max(runs, key=lambda r: r[:2])
+        return _harness_table(name, data, max_rows)
     newest = files[-1]
     try:
         data = json.loads(newest.read_text())
@@ -208,7 +265,8 @@ def card_context(repo_root: Path, build_dir: Path, *, repo_id: str | None = None
         "license": general.get("license", "").lower(),
         "upstream": general.get("upstream"),
         "source": general.get("source"),
-        "functions": [n for n in first if n != "layers"],
+        # __all__ minus the submodules it exports (layers, reference): the card lists callables.
+        "functions": [n for n in first if n not in exported_modules(variants[0])],
         "layers": layers,
         "variants": variant_rows,
         "has_benchmark": any(benchmarks.glob("benchmark*.py")),

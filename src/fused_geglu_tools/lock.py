@@ -20,6 +20,7 @@ what it writes with kernels' own lock parser.
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import os
 import re
@@ -126,6 +127,19 @@ def resolve_from_cache(dep: Dependency, cache_dir: Path) -> str:
     return commit
 
 
+def _network_errors() -> tuple[type[BaseException], ...]:
+    """What an unreachable Hub raises: OSError (offline mode's own subclass, requests-based clients) and
+    the transport errors of the HTTP client huggingface_hub uses (httpx, or httpx2 from 2.x), which are
+    not OSErrors: without them a lock with no network ended in a traceback and exit 1 ("stale")."""
+    errors: list[type[BaseException]] = [OSError]
+    for name in ("httpx2", "httpx"):
+        try:
+            errors.append(importlib.import_module(name).TransportError)
+        except (ImportError, AttributeError):
+            pass
+    return tuple(errors)
+
+
 def resolve_from_hub(dep: Dependency, api=None) -> str:
     """The commit the Hub branch ``v<N>`` of the kernel repository points at."""
     from huggingface_hub import HfApi
@@ -136,7 +150,7 @@ def resolve_from_hub(dep: Dependency, api=None) -> str:
         refs = api.list_repo_refs(dep.repo_id, repo_type="kernel")
     except HfHubHTTPError as e:
         raise LockError(f"cannot list the branches of {dep.repo_id} on the Hub: {e}") from e
-    except OSError as e:  # connection errors; offline mode raises its own subclass
+    except _network_errors() as e:
         raise LockError(f"cannot reach the Hub for {dep.repo_id}: {e}") from e
     branches = {b.name: b.target_commit for b in refs.branches}
     if dep.branch not in branches:
