@@ -33,8 +33,11 @@ def _ops_table(k, torch, device: str) -> list[tuple[str, str, str, float]]:
     gate, up = rnd(m, i, scale=2.0), rnd(m, i)
     rows.append(("geglu (erf)", k.geglu(gate, up, "none"), k.reference.geglu_ref(gate, up, "none"), "geglu"))
     packed = torch.cat([gate, up], -1)
-    out = torch.empty_like(gate)
-    rows.append(("gelu_tanh_and_mul", k.gelu_tanh_and_mul(out, packed),
+    rows.append(("geglu_packed (tanh)", k.geglu_packed(packed, "tanh"), k.reference.geglu_packed_ref(packed, "tanh"),
+                 "gelu_and_mul"))
+    rows.append(("gelu_and_mul", k.gelu_and_mul(torch.empty_like(gate), packed),
+                 k.reference.geglu_packed_ref(packed, "none"), "gelu_and_mul"))
+    rows.append(("gelu_tanh_and_mul", k.gelu_tanh_and_mul(torch.empty_like(gate), packed),
                  k.reference.geglu_packed_ref(packed, "tanh"), "gelu_and_mul"))
     rows.append(("linear +bias +gelu_tanh", k.linear(x, wg, b, "gelu_tanh"),
                  k.reference.linear_ref(x, wg, b, "gelu_tanh"), "linear"))
