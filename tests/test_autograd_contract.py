@@ -83,3 +83,36 @@ def test_geglu_forms_output_takes_inplace_ops(kernel, device, backend, strided):
     up.requires_grad_()
     _check_inplace(lambda g, u: kernel.geglu(g, u, approximate="none", backend=backend), [gate, up],
                    lambda g, u: kernel.reference.geglu_ref(g, u, "none"))
+
+
+@pytest.mark.parametrize("backend", [None, *BACKENDS])
+def test_broadcast_gradients(kernel, device, backend):
+    """The gradient autograd hands a backward may be a broadcast view: ``(y * v).sum()`` gives
+    ``v.expand_as(y)`` (row stride 0). Every backward takes it, on every route: the Python nodes pass
+    rows to kernels that need a row stride of at least the row's width."""
+    if backend is not None:
+        _skip_unless(kernel, device, backend, torch.float32)
+    h, i = 16, 24
+    cases = {
+        "geglu (strided: the Python node)": (
+            [randn(24, 5, device=device).t(), randn(24, 5, device=device).t()],
+            lambda g, u: kernel.geglu(g, u, approximate="tanh", backend=backend),
+            lambda g, u: kernel.reference.geglu_ref(g, u, "tanh")),
+        "linear": (
+            [randn(5, h, device=device), randn(i, h, device=device, scale=0.3), randn(i, device=device)],
+            lambda x, w, b: kernel.linear(x, w, b, activation="gelu_tanh", backend=backend),
+            lambda x, w, b: kernel.reference.linear_ref(x, w, b, "gelu_tanh")),
+        "geglu_mlp recompute": (
+            [randn(5, h, device=device), *(randn(*s, device=device, scale=0.3) for s in ((i, h), (i, h), (h, i)))],
+            lambda *a: kernel.geglu_mlp(*a, recompute=True, backend=backend),
+            lambda *a: kernel.reference.geglu_mlp_ref(*a)),
+    }
+    for name, (leaves, fn, ref_fn) in cases.items():
+        leaves = [t.detach().requires_grad_() for t in leaves]
+        y = fn(*leaves)
+        v = torch.randn(y.shape[-1], device=device, dtype=y.dtype)
+        grads = torch.autograd.grad((y * v).sum(), leaves)
+        ref_leaves = [t.detach().double().requires_grad_() for t in leaves]
+        want = torch.autograd.grad((ref_fn(*ref_leaves) * v.double()).sum(), ref_leaves)
+        for got, ref in zip(grads, want):
+            torch.testing.assert_close(got.double(), ref, rtol=1e-4, atol=1e-4, msg=name)
