@@ -116,3 +116,71 @@ def test_broadcast_gradients(kernel, device, backend):
         want = torch.autograd.grad((ref_fn(*ref_leaves) * v.double()).sum(), ref_leaves)
         for got, ref in zip(grads, want):
             torch.testing.assert_close(got.double(), ref, rtol=1e-4, atol=1e-4, msg=name)
+
+
+def _python_node_cases(kernel, device):
+    """(name, leaves, fn) on routes that record this module's Python autograd nodes, not the C++ ones."""
+    h, i = 16, 24
+    return [
+        ("geglu strided", [randn(24, 5, device=device).t(), randn(24, 5, device=device).t()],
+         lambda g, u: kernel.geglu(g, u)),
+        ("geglu_packed strided", [randn(5, 64, device=device)[:, :48]], lambda x: kernel.geglu_packed(x)),
+        ("linear triton + gelu", [randn(5, h, device=device), randn(i, h, device=device)],
+         lambda x, w: kernel.linear(x, w, activation="gelu", backend="triton")),
+        ("geglu_mlp recompute", [randn(5, h, device=device), *(randn(*s, device=device, scale=0.3)
+                                                               for s in ((i, h), (i, h), (h, i)))],
+         lambda *a: kernel.geglu_mlp(*a, recompute=True)),
+    ]
+
+
+def test_double_backward_is_refused_by_name(kernel, device):
+    """create_graph=True through a Python node: refused with the op's name. Its backward kernels record
+    no graph, so second derivatives were silently wrong (detached, or part of the graph)."""
+    for name, leaves, fn in _python_node_cases(kernel, device):
+        leaves = [t.detach().requires_grad_() for t in leaves]
+        y = fn(*leaves)
+        op = name.split()[0]
+        with pytest.raises(RuntimeError, match=f"{op}: create_graph=True \\(double backward\\) is not supported"):
+            torch.autograd.grad(y.square().sum(), leaves, create_graph=True)
+
+
+@pytest.mark.parametrize("transform", ["grad", "vjp", "jvp", "jacrev", "vmap", "forward_ad"])
+def test_torch_func_transforms_compute_the_math(kernel, device, transform):
+    """Under torch.func transforms and forward-mode AD every public op gives eager's values (ATen's ops
+    there: the kernels' autograd nodes do not compose with functorch), where the C++ nodes raised
+    "cannot use C++ torch::autograd::Function with functorch transforms" or, for jvp, a storage error."""
+    import torch.autograd.forward_ad as fwad
+    from torch.func import grad, jacrev, jvp, vjp, vmap
+
+    h, i = 8, 12
+    x, wg, wu, wd, bg = (randn(3, h, device=device), randn(i, h, device=device, scale=0.3),
+                         randn(i, h, device=device, scale=0.3), randn(h, i, device=device, scale=0.3),
+                         randn(i, device=device))
+    ops = {
+        "geglu_mlp": (lambda x: kernel.geglu_mlp(x, wg, wu, wd, bg),
+                      lambda x: kernel.reference.geglu_mlp_ref(x, wg, wu, wd, bg, dtype=x.dtype)),
+        "linear": (lambda x: kernel.linear(x, wg, bg, activation="gelu_tanh"),
+                   lambda x: kernel.reference.linear_ref(x, wg, bg, "gelu_tanh", dtype=x.dtype)),
+        "geglu": (lambda x: kernel.geglu(x, x * 0.5 + 1.0),
+                  lambda x: kernel.reference.geglu_ref(x, x * 0.5 + 1.0, dtype=x.dtype)),
+        "geglu_packed": (lambda x: kernel.geglu_packed(x), lambda x: kernel.reference.geglu_packed_ref(x, dtype=x.dtype)),
+        "gelu_and_mul": (lambda x: kernel.gelu_and_mul(x.new_empty(*x.shape[:-1], x.shape[-1] // 2), x),
+                         lambda x: kernel.reference.geglu_packed_ref(x, dtype=x.dtype)),
+    }
+    for name, (fn, ref) in ops.items():
+        t = tangent = randn(*x.shape, device=device)
+        if transform == "grad":
+            got, want = grad(lambda a: fn(a).square().sum())(x), grad(lambda a: ref(a).square().sum())(x)
+        elif transform == "vjp":
+            got, want = vjp(fn, x)[1](fn(x))[0], vjp(ref, x)[1](ref(x))[0]
+        elif transform == "jvp":
+            got, want = jvp(fn, (x,), (tangent,))[1], jvp(ref, (x,), (tangent,))[1]
+        elif transform == "jacrev":
+            got, want = jacrev(fn)(x), jacrev(ref)(x)
+        elif transform == "vmap":
+            got, want = vmap(fn)(x[:, None].expand(3, 2, h).contiguous()), vmap(ref)(x[:, None].expand(3, 2, h).contiguous())
+        else:
+            with fwad.dual_level():
+                got = fwad.unpack_dual(fn(fwad.make_dual(x, t))).tangent
+                want = fwad.unpack_dual(ref(fwad.make_dual(x, t))).tangent
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5, msg=f"{name} under {transform}")

@@ -193,3 +193,45 @@ def test_linear_bias_layer_matches_its_host(kernel, device, case):
         return
     ref = kernel.reference.linear_ref(x, host.weight.detach(), None if host.bias is None else host.bias.detach())
     assert_close(got, ref * (2 if case == "forward-hook" else 1), expected, case)
+
+
+@pytest.mark.parametrize("where", ["act_fn", "dropout"])
+def test_geglu_mlp_layer_keeps_hooks_on_the_activation(kernel, device, where):
+    """A hook on the host's activation (or dropout), added after kernelize as activation patching and
+    steering tools do: the fused op never calls that module, so the layer runs the host's forward and
+    the hook fires, as before kernelize. Until then the hook was silently skipped."""
+    host = _SpyHost(16, 32, nn.GELU(approximate="tanh"), False).to(device)
+    host.dropout = nn.Dropout(0.0)
+    fired = []
+    getattr(host, where).register_forward_hook(lambda mod, args, out: fired.append(1) or out * 0.5)
+    x = randn(4, 16, device=device)
+    expected = host(x) if where == "act_fn" else host.down_proj(host.act_fn(host.gate_proj(x)) * host.up_proj(x))
+    fired.clear()
+    _SpyHost.calls = 0
+    got = MethodType(kernel.layers.GeGLUMLP.forward, host)(x)
+    assert _SpyHost.calls == 1 and fired == ([1] if where == "act_fn" else []), (fired, _SpyHost.calls)
+    torch.testing.assert_close(got, expected, rtol=0, atol=0)
+
+
+class _LongT5Like(_T5Host):
+    """A T5-family host that calls wo on h without casting it to wo's dtype (LongT5's forward)."""
+
+
+_LongT5Like.__name__ = "LongT5DenseGatedActDense"
+
+
+def test_t5_layer_keeps_a_non_casting_host_exact_when_wo_dtype_differs(kernel, device):
+    """LongT5 does not cast h to wo's dtype: with wo moved to float32 after kernelize its forward raises,
+    and so must the layer (it keeps the host's forward), not return a result the host would not."""
+    host = _LongT5Like()
+    host.wi_0, host.wi_1, host.wo = nn.Linear(16, 32, bias=False), nn.Linear(16, 32, bias=False), nn.Linear(32, 16, bias=False)
+    host.act, host.dropout = nn.GELU(approximate="tanh"), nn.Dropout(0.0)
+    host.to(device, torch.bfloat16)
+    x = randn(4, 16, device=device, dtype=torch.bfloat16)
+    layer_forward = MethodType(kernel.layers.T5GeGLUDense.forward, host)
+    torch.testing.assert_close(layer_forward(x).float(), host(x).float(), rtol=2e-2, atol=2e-2)
+    host.wo.float()
+    with pytest.raises(RuntimeError, match="dtype"):
+        host(x)
+    with pytest.raises(RuntimeError, match="dtype"):
+        layer_forward(x)

@@ -409,6 +409,29 @@ def test_t5_dropout_runs_inside_the_layer(device, kernel):
 
 # --- what must stay untouched ----------------------------------------------------------------------
 
+@pytest.mark.parametrize("family", ["gemma", "t5"])
+def test_hooked_activation_is_refused_and_its_hook_fires(device, kernel, family):
+    """A forward hook on an MLP's activation (activation patching, steering, probing): the fused op never
+    calls that module, so kernelize refuses the MLP with the reason and the hook keeps firing, with the
+    model's outputs unchanged. Until then the MLP was replaced and the hook silently skipped."""
+    model, kind, cls_name, count = _build(family, device)
+    eager = copy.deepcopy(model)
+    mlps = [m for m in model.modules() if type(m).__name__ == cls_name]
+    act = "act_fn" if hasattr(mlps[0], "act_fn") else "act"
+    fired = []
+    for tag, net in (("eager", eager), ("ours", model)):
+        first = next(m for m in net.modules() if type(m).__name__ == cls_name)
+        getattr(first, act).register_forward_hook(lambda mod, args, out, tag=tag: fired.append(tag) or out * 0.5)
+    report = fgt.kernelize(model)
+    assert report.count(cls_name) == count - 1, report
+    assert any(f"activation {act} has forward hooks" in r.reason for r in report.refused), report
+    inputs = _inputs(kind, device, torch.float32)
+    with torch.no_grad():
+        got, want = _out(model, inputs), _out(eager, inputs)
+    assert fired.count("ours") == fired.count("eager") >= 1, fired
+    torch.testing.assert_close(got, want, atol=FLOOR[torch.float32], rtol=FLOOR[torch.float32])
+
+
 def test_gemma3n_activation_sparsity_is_left_untouched(device, kernel):
     torch.manual_seed(0)
     model = transformers.Gemma3nForCausalLM(_gemma3n_config([0.95, 0.0])).to(device).eval()

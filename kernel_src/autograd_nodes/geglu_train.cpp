@@ -25,7 +25,8 @@ at::Tensor rows(at::Tensor const &t) { return t.view({-1, t.size(-1)}); }
 void refuse_create_graph(const char *op) {
   TORCH_CHECK(!at::GradMode::is_enabled(), op,
               ": create_graph=True (double backward) is not supported by the compiled training node; its "
-              "backward kernels record no graph");
+              "backward kernels record no graph (for second derivatives: plain PyTorch ops, or a kernelized "
+              "model's own module forward)");
 }
 
 struct GegluTrain : public torch::autograd::Function<GegluTrain> {

@@ -57,7 +57,8 @@ struct LinearLtTrain : public torch::autograd::Function<LinearLtTrain> {
   static variable_list backward(AutogradContext *ctx, variable_list grads) {
     TORCH_CHECK(!at::GradMode::is_enabled(),
                 "linear: create_graph=True (double backward) is not supported by the compiled training node; its "
-                "backward kernels record no graph");
+                "backward kernels record no graph (for second derivatives: plain PyTorch ops, or a kernelized "
+                "model's own module forward)");
     variable_list saved = ctx->get_saved_variables();
     const at::Tensor &x = saved[0], &weight = saved[1], &preact = saved[2];
     const c10::OptionalDeviceGuard guard(x.device());

@@ -93,7 +93,8 @@ constexpr int64_t kGemmPointwise = -2;
 constexpr const char *kSecondBackward =
     "geglu_mlp: a second backward through the same graph is not supported: the first one turned the "
     "saved gate/up pre-activations into their gradients in place (memory). Call "
-    "geglu_mlp(..., recompute=True) to run backward through one graph more than once (retain_graph=True).";
+    "geglu_mlp(..., recompute=True) (a kernelized model: its modules' own forward) to run backward "
+    "through one graph more than once (retain_graph=True).";
 
 #if !defined(CUDA_KERNEL)
 // The CPU backward: dh = dy w_down, then dgate/dup and h from the CPU pointwise kernels (into buffers
@@ -180,7 +181,8 @@ struct GegluMlpTrain : public torch::autograd::Function<GegluMlpTrain> {
     TORCH_CHECK(!ctx->saved_data.count("consumed"), kSecondBackward);
     TORCH_CHECK(!at::GradMode::is_enabled(),
                 "geglu_mlp: create_graph=True (double backward) is not supported by the compiled training "
-                "node; its backward kernels record no graph");
+                "node; its backward kernels record no graph (for second derivatives: plain PyTorch ops, or a "
+                "kernelized model's own module forward)");
     ctx->saved_data["consumed"] = true;
     variable_list saved = ctx->get_saved_variables();
     const at::Tensor &x = saved[0], &w_gate = saved[1], &w_up = saved[2], &w_down = saved[3];

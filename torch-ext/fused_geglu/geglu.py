@@ -11,7 +11,8 @@ import torch
 
 from . import _checks, _dispatch
 from ._ops import ops
-from ._opdef import _tracing, custom_op
+from . import reference
+from ._opdef import _tracing, custom_op, transformed
 from ._views import rows
 from .policy import backend_for
 from .reference import gelu, gelu_grad
@@ -280,6 +281,8 @@ def geglu(gate: torch.Tensor, up: torch.Tensor, approximate: str = "none",
     if not _checks.geglu_args_ok(gate, up, approximate):
         _check_geglu(gate, up, approximate)
     backend = _dispatch.requested(backend)
+    if not torch.compiler.is_compiling() and transformed():  # torch.func / forward AD: ATen's ops compose
+        return reference.geglu_ref(gate, up, approximate, dtype=gate.dtype)
     if gate.is_contiguous() and up.is_contiguous() and not _tracing((gate, up)):
         grad = (gate.requires_grad or up.requires_grad) and torch.is_grad_enabled()
         entry = _compiled_entry(gate.device, backend, gate.numel(), True, grad, "geglu_train")
@@ -313,7 +316,10 @@ def geglu_packed(x: torch.Tensor, approximate: str = "none", backend: str | None
     if not _checks.packed_args_ok(x, approximate):
         _check_packed(x)
         _checks.approximate(approximate)
-    return _packed(x, approximate, _dispatch.requested(backend))
+    backend = _dispatch.requested(backend)
+    if not torch.compiler.is_compiling() and transformed():  # torch.func / forward AD: ATen's ops compose
+        return reference.geglu_packed_ref(x, approximate, dtype=x.dtype)
+    return _packed(x, approximate, backend)
 
 
 def _out_overlaps_x() -> ValueError:
@@ -330,6 +336,8 @@ def _gelu_and_mul(out: torch.Tensor, x: torch.Tensor, approximate: str, backend:
         if not out.is_contiguous():
             raise ValueError(f"out must be contiguous, got strides {out.stride()}")
     backend = _dispatch.requested(backend)
+    if not torch.compiler.is_compiling() and transformed():  # torch.func / forward AD: ATen's ops compose
+        return out.copy_(reference.geglu_packed_ref(x, approximate, dtype=x.dtype))
     if torch.is_grad_enabled() and (x.requires_grad or out.requires_grad):
         if out.requires_grad and out.grad_fn is None:
             raise ValueError("out is a leaf tensor that requires grad, and gelu_and_mul writes into out in place; "

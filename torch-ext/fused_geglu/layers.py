@@ -44,6 +44,13 @@ def gelu_approximation(act) -> str | None:
 _MISSING = object()
 
 
+def _hooked(module) -> bool:
+    """A host submodule the fused op would not call (its activation, its dropout) has hooks, which would
+    then never fire: an activation hook that patches or records h is common (steering, probing)."""
+    return isinstance(module, nn.Module) and bool(
+        module._forward_hooks or module._forward_pre_hooks or module._backward_hooks or module._backward_pre_hooks)
+
+
 def _host_attr(module: nn.Module, name: str, default=None):
     """``getattr(module, name, default)`` without ``Module.__getattr__``'s exception for a missing
     name (about 1 µs each, and a decode step asks for two per MLP): the instance's dict and its
@@ -208,11 +215,13 @@ class GeGLUMLP(nn.Module):
     can_torch_compile = True
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        approx = gelu_approximation(_host_attr(self, "act_fn"))
+        act = _host_attr(self, "act_fn")
+        approx = None if _hooked(act) else gelu_approximation(act)
         sparsity = _host_attr(self, "activation_sparsity", 0.0)  # Gemma3n: top-k on gate first
-        # T5Gemma: dropout between act*up and down, which only training applies (looked up only then).
-        if approx is not None and not sparsity and not (
-                self.training and getattr(_host_attr(self, "dropout"), "p", 0.0) > 0):
+        # T5Gemma: dropout between act*up and down, which only training applies (and its hooks fire always).
+        dropout = _host_attr(self, "dropout")
+        if approx is not None and not sparsity and not _hooked(dropout) and not (
+                self.training and getattr(dropout, "p", 0.0) > 0):
             operands = _projection_operands(self, x, ("gate_proj", "up_proj", "down_proj"))
             if operands is not None:
                 w_gate, b_gate, w_up, b_up, w_down, b_down = operands
@@ -228,7 +237,8 @@ class T5GeGLUDense(nn.Module):
     """T5-family gated-GELU feed-forward: ``wo(dropout(act(wi_0(x)) * wi_1(x)))``.
 
     Host attributes: ``wi_0``, ``wi_1``, ``wo`` (``nn.Linear``), ``act``, ``dropout``. Like the
-    host, the product is cast to ``wo``'s dtype when T5 keeps ``wo`` in float32.
+    host, the product is cast to ``wo``'s dtype when T5 keeps ``wo`` in float32; a host that does not
+    cast (LongT5) keeps its own forward while the dtypes differ.
     """
 
     wi_0: nn.Linear
@@ -241,17 +251,30 @@ class T5GeGLUDense(nn.Module):
     can_torch_compile = True
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
-        approx = gelu_approximation(_host_attr(self, "act"))
+        act, dropout = _host_attr(self, "act"), _host_attr(self, "dropout")
+        approx = None if _hooked(act) or _hooked(dropout) else gelu_approximation(act)
         inner = None if approx is None else _projection_operands(self, hidden_states, ("wi_0", "wi_1"))
+        if inner is not None and type(self).__name__ in _T5_NO_CAST and _wo_dtype(self) != hidden_states.dtype:
+            inner = None  # this host does not cast h to wo's dtype (F.linear then refuses): its forward decides
         if inner is None:
             return _host_forward(self, T5GeGLUDense,
                                  lambda t: _t5_tail(self, self.act(self.wi_0(t)) * self.wi_1(t)), hidden_states)
-        dropout_active = self.training and getattr(_host_attr(self, "dropout"), "p", 0.0) > 0
+        dropout_active = self.training and getattr(dropout, "p", 0.0) > 0
         outer = None if dropout_active else _projection_operands(self, hidden_states, ("wo",))
         if outer is not None:
             w_0, b_0, w_1, b_1 = inner
             return geglu_mlp(hidden_states, w_0, w_1, outer[0], b_0, b_1, outer[1], approximate=approx)
         return _t5_tail(self, geglu(self.wi_0(hidden_states), self.wi_1(hidden_states), approximate=approx))
+
+
+# T5-family classes whose forward calls wo on h as it is, without T5's cast to wo's dtype (matched by name,
+# as the activations are: the kernel may not import transformers).
+_T5_NO_CAST = {"LongT5DenseGatedActDense"}
+
+
+def _wo_dtype(module: nn.Module):
+    wo = _host_attr(module, "wo")
+    return getattr(getattr(wo, "weight", None), "dtype", None)
 
 
 def _t5_tail(module: nn.Module, h: torch.Tensor) -> torch.Tensor:

@@ -11,9 +11,9 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from . import _checks, _dispatch
+from . import _checks, _dispatch, reference
 from ._ops import ops
-from ._opdef import _PLAIN, _tracing, custom_op
+from ._opdef import _PLAIN, _tracing, custom_op, transformed
 from ._views import rows
 from .policy import backend_for, size_free
 
@@ -308,6 +308,8 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     if weight.stride(-1) != 1:
         weight = weight.contiguous()
     backend = _dispatch.requested(backend)
+    if not torch.compiler.is_compiling() and transformed():  # torch.func / forward AD: ATen's ops compose
+        return reference.linear_ref(x, weight, bias, None if activation == "none" else activation, dtype=x.dtype)
     needs_grad = torch.is_grad_enabled() and (
         x.requires_grad or weight.requires_grad or (bias is not None and bias.requires_grad))
     if _tracing((x, weight, bias)):

@@ -29,11 +29,11 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
-from . import _checks, _dispatch, policy
+from . import _checks, _dispatch, policy, reference
 from . import geglu as _geglu
 from . import sm90_weights
 from ._ops import ops
-from ._opdef import _PLAIN, _tracing, custom_op
+from ._opdef import _PLAIN, _tracing, custom_op, transformed
 from ._views import rows
 
 
@@ -331,7 +331,8 @@ def _backward(ctx, grad_y, _g_gate, _g_up):
         raise RuntimeError(
             "geglu_mlp: a second backward through the same graph is not supported: the first one turned "
             "the saved gate/up pre-activations into their gradients in place (memory). Call "
-            "geglu_mlp(..., recompute=True) to run backward through one graph more than once (retain_graph=True).")
+            "geglu_mlp(..., recompute=True) (a kernelized model: its modules' own forward) to run backward "
+            "through one graph more than once (retain_graph=True).")
     on_ctx = getattr(ctx, "preact_on_ctx", False)
     if on_ctx:
         x, w_gate, w_up, w_down, b_gate, b_up = ctx.saved_tensors
@@ -515,6 +516,11 @@ def geglu_mlp(x: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor, w_down:
     used as they are); biases [I], [I], [H] or None. ``recompute=True`` saves only x for the
     backward and recomputes the gate/up pre-activations there.
     """
+    if not torch.compiler.is_compiling() and transformed():  # torch.func / forward AD: ATen's ops compose
+        if not _checks.mlp_args_ok(x, w_gate, w_up, w_down, b_gate, b_up, b_down, approximate):
+            _check_args(x, w_gate, w_up, w_down, b_gate, b_up, b_down, approximate)
+        _dispatch.requested(backend)
+        return reference.geglu_mlp_ref(x, w_gate, w_up, w_down, b_gate, b_up, b_down, approximate, dtype=x.dtype)
     if backend is None and not _dispatch.overridden():
         y = _infer(x, w_gate, w_up, w_down, b_gate, b_up, b_down, approximate)
         if y is not None:

@@ -178,6 +178,11 @@ def _activation_reason(module: nn.Module, attr: str) -> str | None:
     act = getattr(module, attr, None)
     if gelu_approximate(act) is None:
         return f"activation {attr}={type(act).__name__} is not a GELU the kernel recognises"
+    if _hooked(act):
+        return f"activation {attr} has forward hooks, which the fused kernel would skip"
+    dropout = getattr(module, "dropout", None)
+    if isinstance(dropout, nn.Module) and _hooked(dropout):
+        return "dropout has forward hooks, which the fused kernel would skip"
     return None
 
 
