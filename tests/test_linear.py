@@ -60,6 +60,18 @@ def test_linear_forward_backward(kernel, device, backend, dtype, activation, wit
         assert_close(o, r, e, f"linear {name}", scale_ref=s)
 
 
+@pytest.mark.parametrize("backend", ["cuda", "cpu", "torch"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("activation", ["gelu", "gelu_tanh"])
+@pytest.mark.parametrize("with_bias", ["vector", "addend"])
+def test_linear_python_node_training(kernel, device, monkeypatch, backend, dtype, activation, with_bias):
+    """The Python autograd node's ATen backward (what a compiled graph and $FUSED_GEGLU_CPP_AUTOGRAD=0
+    run; eager training otherwise takes ATen's or the C++ nodes): GELU's derivative before the bias
+    gradient's row sum, against float64, as test_linear_forward_backward checks the default nodes."""
+    monkeypatch.setattr(importlib.import_module(f"{kernel.__name__}._dispatch"), "CPP_AUTOGRAD", False)
+    test_linear_forward_backward(kernel, device, backend, dtype, activation, with_bias, ((3, 5, 37), 29))
+
+
 @pytest.mark.parametrize("backend", ["triton", None], ids=["triton", "auto"])
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("activation", [None, "gelu_tanh"])

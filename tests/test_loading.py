@@ -74,3 +74,17 @@ def test_kernels_info_cli(hub_cache, build_dir):
         assert proc.returncode == 0, f"kernels info {target}: {proc.stderr[-2000:]}"
         info = json.loads(proc.stdout)
         assert "fused-geglu" in json.dumps(info), info
+
+
+def test_loaded_variant_offers_every_backend_this_machine_has(kernel, device):
+    """The suite checks every backend the loaded variant offers and skips the others, so a variant that
+    silently lost one (its compiled ops not loaded, Triton not found) would turn its tests into skips
+    and still pass. Here that is a failure: this machine's variant is a compiled one (make builds it),
+    and Triton runs on CUDA tensors, or on CPU ones under TRITON_INTERPRET=1 (conftest sets it)."""
+    import importlib.util
+
+    assert kernel.HAS_COMPILED_OPS, f"the loaded variant ({kernel.__name__}) has no compiled ops"
+    want = {"cuda" if device == "cuda" else "cpu", "torch"}
+    if importlib.util.find_spec("triton") is not None and (device == "cuda" or os.environ.get("TRITON_INTERPRET") == "1"):
+        want.add("triton")
+    assert want <= set(kernel.available_backends(device)), kernel.available_backends(device)

@@ -88,6 +88,30 @@ def test_unknown_version_and_missing_cache_fail(hub_cache, tmp_path, capsys):
     assert lock.main([str(project), "--cache-dir", str(tmp_path / "empty-cache")]) == lock.EXIT_UNRESOLVED
 
 
+@pytest.mark.parametrize("damage", ["short_ref", "non_hex_ref", "no_snapshot_build"])
+def test_a_damaged_cache_is_unresolved_not_locked(hub_cache, tmp_path, capsys, damage):
+    """A cache whose refs/v1 is not a full commit id, or whose snapshot lacks build/, resolves nothing:
+    a lock must name a commit the loader can find offline."""
+    import shutil
+
+    cache = tmp_path / "cache"
+    shutil.copytree(hub_cache, cache, symlinks=True)
+    repo_dir = lock.cache_repo_dir(cache, REPO_ID)
+    ref = repo_dir / "refs" / "v1"
+    commit = ref.read_text().strip()
+    if damage == "short_ref":
+        ref.write_text(commit[:12])
+    elif damage == "non_hex_ref":
+        ref.write_text("g" * 40)
+    else:
+        shutil.rmtree(repo_dir / "snapshots" / commit / "build")
+    project = write_project(tmp_path / "consumer", f'"{REPO_ID}" = 1')
+    assert lock.main([str(project), "--cache-dir", str(cache)]) == lock.EXIT_UNRESOLVED
+    err = capsys.readouterr().err
+    assert ("not a 40-hex commit" in err) if damage != "no_snapshot_build" else ("build is not in the cache" in err), err
+    assert not (project / "kernels.lock").exists()
+
+
 @pytest.mark.parametrize(
     "deps, message",
     [
