@@ -1,0 +1,93 @@
+"""The MLP on CPU tensors: ``geglu_mlp`` (the compiled CPU backend: ATen GEMMs around the C++ GeGLU, the
+C++ training node) against the eager module, forward (no_grad) and training step, fp32 and bf16.
+
+    python3 benchmarks/diag/cpu_mlp.py --out DIR [--rounds 6] [--calls 3]
+
+The kernel's product is the GPU; on CPU the functions and layers must work, and a kernelized model must not
+be slower than its own forward. Both are ATen's GEMMs, which take almost all the time, so this shows what
+the pointwise kernel and the node's sequence add or save. Wall ms per call (forward, or forward + backward),
+median over ``--rounds`` interleaved rounds of ``--calls`` calls, the order reversed every other round.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import time
+from pathlib import Path
+
+import torch
+from _diag import eager_mlp, load_kernel
+
+CASES = [(16, 1152, 6912), (256, 1152, 6912), (1024, 512, 2048), (2048, 1024, 4096)]  # (M, H, I)
+
+
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def _one(fn, args, dy, train: bool) -> float:
+    t0 = time.perf_counter()
+    if train:
+        fn(*args).backward(dy)
+    else:
+        with torch.no_grad():
+            fn(*args)
+    return time.perf_counter() - t0
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--out", required=True)
+    p.add_argument("--rounds", type=int, default=6)
+    p.add_argument("--calls", type=int, default=3)
+    args = p.parse_args()
+    k = load_kernel()
+
+    def ours(x, wg, wu, wd):
+        return k.geglu_mlp(x, wg, wu, wd, approximate="tanh")
+
+    torch.manual_seed(0)
+    rows = []
+    for dtype in (torch.float32, torch.bfloat16):
+        for m, h, i in CASES:
+            x = torch.randn(m, h).to(dtype)
+            ws = [(torch.randn(i, h) * h**-0.5).to(dtype), (torch.randn(i, h) * h**-0.5).to(dtype),
+                  (torch.randn(h, i) * i**-0.5).to(dtype)]
+            dy = torch.randn(m, h).to(dtype)
+            for train in (False, True):
+                leaves = [t.clone().requires_grad_(train) for t in (x, *ws)]
+                times = {"eager": [], "ours": []}
+                fns = {"eager": eager_mlp, "ours": ours}
+                for fn in fns.values():  # warm-up
+                    _one(fn, leaves, dy, train)
+                    _one(fn, leaves, dy, train)
+                for r in range(args.rounds):
+                    for name in (("eager", "ours") if r % 2 == 0 else ("ours", "eager")):
+                        times[name] += [_one(fns[name], leaves, dy, train) for _ in range(args.calls)]
+                row = {"dtype": str(dtype).replace("torch.", ""), "M": m, "H": h, "I": i,
+                       "mode": "train" if train else "fwd", "backend": k.last_backend("geglu_mlp"),
+                       **{f"{n}_ms": statistics.median(t) * 1e3 for n, t in times.items()}}
+                row["ours_over_eager"] = row["ours_ms"] / row["eager_ms"]
+                rows.append(row)
+                print(f"{row['dtype']:9} M={m:5} H={h:5} I={i:5} {row['mode']:5} eager {row['eager_ms']:8.2f} ms "
+                      f"ours {row['ours_ms']:8.2f} ms  ours/eager {row['ours_over_eager']:.2f}", flush=True)
+    env = {"device": "cpu", "cpu": _cpu_model(), "threads": torch.get_num_threads(),
+           "torch": torch.__version__, "commit": os.environ.get("FUSED_GEGLU_COMMIT", ""),
+           "kernel_variant": Path(k.__file__).parent.name}
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "cpu-mlp.json").write_text(json.dumps({"env": env, "args": vars(args), "rows": rows}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
