@@ -1,5 +1,6 @@
 """The MLP on CPU tensors: ``geglu_mlp`` (the compiled CPU backend: ATen GEMMs around the C++ GeGLU, the
-C++ training node) against the eager module, forward (no_grad) and training step, fp32 and bf16.
+C++ training node) against the eager module, forward (no_grad) and training step, fp32 and bf16; and the
+GeGLU pointwise alone (``geglu`` on [1024, 2048], both GELU flavours) against ``F.gelu(gate) * up``.
 
     python3 benchmarks/diag/cpu_mlp.py --out DIR [--rounds 6] [--calls 3]
 
@@ -74,13 +75,34 @@ def main() -> None:
                 for r in range(args.rounds):
                     for name in (("eager", "ours") if r % 2 == 0 else ("ours", "eager")):
                         times[name] += [_one(fns[name], leaves, dy, train) for _ in range(args.calls)]
-                row = {"dtype": str(dtype).replace("torch.", ""), "M": m, "H": h, "I": i,
+                row = {"op": "geglu_mlp", "dtype": str(dtype).replace("torch.", ""), "M": m, "H": h, "I": i,
                        "mode": "train" if train else "fwd", "backend": k.last_backend("geglu_mlp"),
                        **{f"{n}_ms": statistics.median(t) * 1e3 for n, t in times.items()}}
                 row["ours_over_eager"] = row["ours_ms"] / row["eager_ms"]
                 rows.append(row)
                 print(f"{row['dtype']:9} M={m:5} H={h:5} I={i:5} {row['mode']:5} eager {row['eager_ms']:8.2f} ms "
                       f"ours {row['ours_ms']:8.2f} ms  ours/eager {row['ours_over_eager']:.2f}", flush=True)
+    for dtype in (torch.float32, torch.bfloat16):
+        for approximate in ("tanh", "none"):
+            gate, up, dy = (torch.randn(1024, 2048).to(dtype) for _ in range(3))
+            for train in (False, True):
+                leaves = [gate.clone().requires_grad_(train), up.clone().requires_grad_(train)]
+                fns = {"eager": lambda g, u: torch.nn.functional.gelu(g, approximate=approximate) * u,
+                       "ours": lambda g, u: k.geglu(g, u, approximate)}
+                times = {"eager": [], "ours": []}
+                for fn in fns.values():
+                    _one(fn, leaves, dy, train)
+                for r in range(args.rounds):
+                    for name in (("eager", "ours") if r % 2 == 0 else ("ours", "eager")):
+                        times[name] += [_one(fns[name], leaves, dy, train) for _ in range(5 * args.calls)]
+                row = {"op": "geglu", "dtype": str(dtype).replace("torch.", ""), "M": 1024, "I": 2048,
+                       "approximate": approximate, "mode": "train" if train else "fwd",
+                       "backend": k.last_backend("geglu"),
+                       **{f"{n}_ms": statistics.median(t) * 1e3 for n, t in times.items()}}
+                row["ours_over_eager"] = row["ours_ms"] / row["eager_ms"]
+                rows.append(row)
+                print(f"geglu {row['dtype']:9} [1024, 2048] {approximate:4} {row['mode']:5} eager {row['eager_ms']:6.2f} ms "
+                      f"ours {row['ours_ms']:6.2f} ms  ours/eager {row['ours_over_eager']:.2f}", flush=True)
     env = {"device": "cpu", "cpu": _cpu_model(), "threads": torch.get_num_threads(),
            "torch": torch.__version__, "commit": os.environ.get("FUSED_GEGLU_COMMIT", ""),
            "kernel_variant": Path(k.__file__).parent.name}
