@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import os
 
 import pytest
 import torch
@@ -269,3 +270,29 @@ def test_cpu_kernels_round_once_from_fp32(kernel, device, dtype, approximate):
         ulp = rounded.double().abs()[big] * torch.finfo(dtype).eps
         worst = ((o.double() - rounded.double()).abs()[big] / ulp).max().item()
         assert exact >= 0.995 and worst <= 1.0, f"{name}: {exact:.4f} exact, worst {worst:.2f} ulp"
+
+
+def _cpu_flags() -> set[str]:
+    try:
+        with open("/proc/cpuinfo") as f:
+            return next((set(line.split(":", 1)[1].split()) for line in f if line.startswith("flags")), set())
+    except OSError:
+        return set()
+
+
+@pytest.mark.parametrize("isa", ["baseline", "avx2", "avx512"])
+def test_cpu_kernel_code_paths_round_once(kernel, device, repo_root, isa):
+    """Each code path of the CPU kernels ($FUSED_GEGLU_CPU_ISA forces one; it is read once per process,
+    so each runs in a process of its own): the rounding test above, on the SSE2 baseline, the AVX2+FMA
+    clone and the AVX-512 clone. A machine runs only the fastest it has otherwise."""
+    import subprocess
+    import sys
+
+    need = {"baseline": set(), "avx2": {"avx2", "fma"}, "avx512": {"avx512f", "avx512bw", "avx512vl", "avx512dq"}}[isa]
+    if device != "cpu" or not need <= _cpu_flags():
+        pytest.skip(f"{isa}: a CPU test on a CPU with {sorted(need)}")
+    env = {**os.environ, "FUSED_GEGLU_CPU_ISA": isa}
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-o", "addopts=",
+                           "tests/test_geglu.py", "-k", "test_cpu_kernels_round_once_from_fp32"],
+                          cwd=repo_root, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0 and "6 passed" in proc.stdout, proc.stdout[-3000:] + proc.stderr[-2000:]
