@@ -280,19 +280,24 @@ def _cpu_flags() -> set[str]:
         return set()
 
 
-@pytest.mark.parametrize("isa", ["baseline", "avx2", "avx512"])
+@pytest.mark.parametrize("isa", ["baseline", "avx2", "avx512", "sse4"])
 def test_cpu_kernel_code_paths_round_once(kernel, device, repo_root, isa):
     """Each code path of the CPU kernels ($FUSED_GEGLU_CPU_ISA forces one; it is read once per process,
     so each runs in a process of its own): the rounding test above, on the SSE2 baseline, the AVX2+FMA
-    clone and the AVX-512 clone. A machine runs only the fastest it has otherwise."""
+    clone and the AVX-512 clone. A machine runs only the fastest it has otherwise. A value that names
+    no path is refused by name."""
     import subprocess
     import sys
 
-    need = {"baseline": set(), "avx2": {"avx2", "fma"}, "avx512": {"avx512f", "avx512bw", "avx512vl", "avx512dq"}}[isa]
+    need = {"baseline": set(), "avx2": {"avx2", "fma"}, "avx512": {"avx512f", "avx512bw", "avx512vl", "avx512dq"},
+            "sse4": set()}[isa]
     if device != "cpu" or not need <= _cpu_flags():
         pytest.skip(f"{isa}: a CPU test on a CPU with {sorted(need)}")
     env = {**os.environ, "FUSED_GEGLU_CPU_ISA": isa}
     proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-o", "addopts=",
                            "tests/test_geglu.py", "-k", "test_cpu_kernels_round_once_from_fp32"],
                           cwd=repo_root, env=env, capture_output=True, text=True, timeout=600)
+    if isa == "sse4":
+        assert proc.returncode != 0 and "FUSED_GEGLU_CPU_ISA must be auto, baseline, avx2 or avx512" in proc.stdout
+        return
     assert proc.returncode == 0 and "6 passed" in proc.stdout, proc.stdout[-3000:] + proc.stderr[-2000:]

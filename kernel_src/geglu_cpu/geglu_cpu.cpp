@@ -41,7 +41,7 @@
 #include <bit>
 #include <cstdint>
 #include <cstdlib>
-#include <cstring>
+#include <string>
 
 namespace {
 
@@ -282,38 +282,29 @@ __attribute__((target(GEGLU_AVX512_TARGET))) void bwd_avx512(void *gg, void *gu,
 #define GEGLU_HAVE_AVX2 0
 #endif
 
-// Chosen once per process: AVX-512, else AVX2+FMA, when the CPU has them, unless FUSED_GEGLU_CPU_ISA says
-// otherwise ("avx2" and "baseline" rule out AVX-512; "baseline" rules out AVX2 too).
-bool use_avx2() {
-  static const bool value = [] {
-#if GEGLU_HAVE_AVX2
-    const char *env = std::getenv("FUSED_GEGLU_CPU_ISA");
-    if (env != nullptr && std::strcmp(env, "baseline") == 0) return false;
-    __builtin_cpu_init();
-    const bool has = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-    TORCH_CHECK(env == nullptr || std::strcmp(env, "avx2") != 0 || has,
-                "FUSED_GEGLU_CPU_ISA=avx2 but this CPU lacks AVX2/FMA");
-    return has;
-#else
-    return false;
-#endif
-  }();
-  return value;
-}
+enum class Isa { kBaseline, kAvx2, kAvx512 };
 
-bool use_avx512() {
-  static const bool value = [] {
-#if GEGLU_HAVE_AVX2
+// Chosen once per process: the widest code path the CPU has (AVX-512 F/BW/VL/DQ, else AVX2+FMA, else the
+// SSE2 baseline), unless FUSED_GEGLU_CPU_ISA names one (it must then be there).
+Isa isa() {
+  static const Isa value = [] {
     const char *env = std::getenv("FUSED_GEGLU_CPU_ISA");
-    if (env != nullptr && std::strcmp(env, "avx512") != 0 && std::strcmp(env, "auto") != 0) return false;
+    const std::string want = env != nullptr ? env : "auto";
+    TORCH_CHECK(want == "auto" || want == "baseline" || want == "avx2" || want == "avx512",
+                "FUSED_GEGLU_CPU_ISA must be auto, baseline, avx2 or avx512, got '", want, "'");
+    if (want == "baseline") return Isa::kBaseline;
+#if GEGLU_HAVE_AVX2
     __builtin_cpu_init();
-    const bool has = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-                     __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
-    TORCH_CHECK(env == nullptr || std::strcmp(env, "avx512") != 0 || has,
-                "FUSED_GEGLU_CPU_ISA=avx512 but this CPU lacks AVX-512 F/BW/VL/DQ");
-    return has;
+    const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+    const bool avx512 = avx2 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+                        __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
+    TORCH_CHECK(want != "avx2" || avx2, "FUSED_GEGLU_CPU_ISA=avx2 but this CPU lacks AVX2/FMA");
+    TORCH_CHECK(want != "avx512" || avx512, "FUSED_GEGLU_CPU_ISA=avx512 but this CPU lacks AVX-512 F/BW/VL/DQ");
+    if (want == "avx2" || !avx512) return avx2 ? Isa::kAvx2 : Isa::kBaseline;
+    return Isa::kAvx512;
 #else
-    return false;
+    TORCH_CHECK(want == "auto", "FUSED_GEGLU_CPU_ISA=", want, ": this build has only the baseline code path");
+    return Isa::kBaseline;
 #endif
   }();
   return value;
@@ -321,19 +312,23 @@ bool use_avx512() {
 
 template <class D, bool TANH>
 FwdFn pick_fwd() {
+  switch (isa()) {
 #if GEGLU_HAVE_AVX2
-  if (use_avx512()) return &fwd_avx512<D, TANH>;
-  if (use_avx2()) return &fwd_avx2<D, TANH>;
+    case Isa::kAvx512: return &fwd_avx512<D, TANH>;
+    case Isa::kAvx2: return &fwd_avx2<D, TANH>;
 #endif
-  return &fwd_baseline<D, TANH>;
+    default: return &fwd_baseline<D, TANH>;
+  }
 }
 template <class D, bool TANH>
 BwdFn pick_bwd() {
+  switch (isa()) {
 #if GEGLU_HAVE_AVX2
-  if (use_avx512()) return &bwd_avx512<D, TANH>;
-  if (use_avx2()) return &bwd_avx2<D, TANH>;
+    case Isa::kAvx512: return &bwd_avx512<D, TANH>;
+    case Isa::kAvx2: return &bwd_avx2<D, TANH>;
 #endif
-  return &bwd_baseline<D, TANH>;
+    default: return &bwd_baseline<D, TANH>;
+  }
 }
 
 // Calls f.template operator()<D>() with the storage format of `dtype`.
