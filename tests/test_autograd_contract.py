@@ -163,7 +163,8 @@ def test_torch_func_transforms_compute_the_math(kernel, device, transform):
                    lambda x: kernel.reference.linear_ref(x, wg, bg, "gelu_tanh", dtype=x.dtype)),
         "geglu": (lambda x: kernel.geglu(x, x * 0.5 + 1.0),
                   lambda x: kernel.reference.geglu_ref(x, x * 0.5 + 1.0, dtype=x.dtype)),
-        "geglu_packed": (lambda x: kernel.geglu_packed(x), lambda x: kernel.reference.geglu_packed_ref(x, dtype=x.dtype)),
+        "geglu_packed": (lambda x: kernel.geglu_packed(x),
+                         lambda x: kernel.reference.geglu_packed_ref(x, dtype=x.dtype)),
         "gelu_and_mul": (lambda x: kernel.gelu_and_mul(x.new_empty(*x.shape[:-1], x.shape[-1] // 2), x),
                          lambda x: kernel.reference.geglu_packed_ref(x, dtype=x.dtype)),
     }
@@ -178,7 +179,8 @@ def test_torch_func_transforms_compute_the_math(kernel, device, transform):
         elif transform == "jacrev":
             got, want = jacrev(fn)(x), jacrev(ref)(x)
         elif transform == "vmap":
-            got, want = vmap(fn)(x[:, None].expand(3, 2, h).contiguous()), vmap(ref)(x[:, None].expand(3, 2, h).contiguous())
+            batch = x[:, None].expand(3, 2, h).contiguous()
+            got, want = vmap(fn)(batch), vmap(ref)(batch)
         else:
             with fwad.dual_level():
                 got = fwad.unpack_dual(fn(fwad.make_dual(x, t))).tangent

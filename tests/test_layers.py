@@ -228,7 +228,8 @@ def test_t5_layer_keeps_a_non_casting_host_exact_when_wo_dtype_differs(kernel, d
     """LongT5 does not cast h to wo's dtype: with wo moved to float32 after kernelize its forward raises,
     and so must the layer (it keeps the host's forward), not return a result the host would not."""
     host = _LongT5Like()
-    host.wi_0, host.wi_1, host.wo = nn.Linear(16, 32, bias=False), nn.Linear(16, 32, bias=False), nn.Linear(32, 16, bias=False)
+    host.wi_0, host.wi_1 = nn.Linear(16, 32, bias=False), nn.Linear(16, 32, bias=False)
+    host.wo = nn.Linear(32, 16, bias=False)
     host.act, host.dropout = nn.GELU(approximate="tanh"), nn.Dropout(0.0)
     host.to(device, torch.bfloat16)
     x = randn(4, 16, device=device, dtype=torch.bfloat16)

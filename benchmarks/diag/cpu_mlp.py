@@ -101,8 +101,9 @@ def main() -> None:
                        **{f"{n}_ms": statistics.median(t) * 1e3 for n, t in times.items()}}
                 row["ours_over_eager"] = row["ours_ms"] / row["eager_ms"]
                 rows.append(row)
-                print(f"geglu {row['dtype']:9} [1024, 2048] {approximate:4} {row['mode']:5} eager {row['eager_ms']:6.2f} ms "
-                      f"ours {row['ours_ms']:6.2f} ms  ours/eager {row['ours_over_eager']:.2f}", flush=True)
+                print(f"geglu {row['dtype']:9} [1024, 2048] {approximate:4} {row['mode']:5} "
+                      f"eager {row['eager_ms']:6.2f} ms ours {row['ours_ms']:6.2f} ms  "
+                      f"ours/eager {row['ours_over_eager']:.2f}", flush=True)
     env = {"device": "cpu", "cpu": _cpu_model(), "threads": torch.get_num_threads(),
            "torch": torch.__version__, "commit": os.environ.get("FUSED_GEGLU_COMMIT", ""),
            "kernel_variant": Path(k.__file__).parent.name}

@@ -92,7 +92,8 @@ class DualOp:
                 ctx.private_saved = bool(private)  # setup_context may keep them outside the graph
                 setup_context(ctx, args, out)
                 if isinstance(out, tuple):
-                    return tuple(o.new_empty((0,)) if i in private else _own_output(o, args) for i, o in enumerate(out))
+                    return tuple(o.new_empty((0,)) if i in private else _own_output(o, args)
+                                 for i, o in enumerate(out))
                 return _own_output(out, args)
 
             @staticmethod
@@ -100,8 +101,8 @@ class DualOp:
                 if torch.is_grad_enabled():  # create_graph=True: the engine runs backward with grad mode on
                     raise RuntimeError(
                         f"{name}: create_graph=True (double backward) is not supported: its backward "
-                        "kernels record no graph, so second derivatives would be silently wrong (for them: plain PyTorch "
-                        "ops, or a kernelized model's own module forward)")
+                        "kernels record no graph, so second derivatives would be silently wrong (for them: "
+                        "plain PyTorch ops, or a kernelized model's own module forward)")
                 return backward(ctx, *grads)
 
         name = self.name.removesuffix("_op").removesuffix("_fwd")  # the public function's name

@@ -9,9 +9,8 @@ from __future__ import annotations
 
 import torch
 
-from . import _checks, _dispatch
+from . import _checks, _dispatch, reference
 from ._ops import ops
-from . import reference
 from ._opdef import _tracing, custom_op, transformed
 from ._views import rows
 from .policy import backend_for

@@ -60,9 +60,10 @@ def plan(device: torch.device, m: int, h: int, i: int, sm90_shapes: bool) -> tup
 
 @torch.compiler.allow_in_graph
 def step(x, w_gate, w_up, w_down, b_gate, b_up, b_down, approximate: str, train: bool):
-    """The traced forward (:func:`training` or :func:`inference`) as one node of dynamo's graph. Dynamo does not look inside: the plan needs the sizes as numbers, which
-    dynamo's symbolic sizes do not always say they are not. The AOT tracer that follows runs it on fake
-    tensors, where they do, and records the ops it calls; the custom op where there is no plan."""
+    """The traced forward (:func:`training` or :func:`inference`) as one node of dynamo's graph.
+    Dynamo does not look inside: the plan needs the sizes as numbers, which dynamo's symbolic sizes do
+    not always say they are not. The AOT tracer that follows runs it on fake tensors, where they do, and
+    records the ops it calls; the custom op where there is no plan."""
     args = (x, w_gate, w_up, w_down, b_gate, b_up, b_down, approximate)
     y = training(*args) if train else inference(*args)
     if y is None:
