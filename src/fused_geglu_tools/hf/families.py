@@ -180,6 +180,11 @@ def _activation_reason(module: nn.Module, attr: str) -> str | None:
         return f"activation {attr}={type(act).__name__} is not a GELU the kernel recognises"
     if _hooked(act):
         return f"activation {attr} has forward hooks, which the fused kernel would skip"
+    return None
+
+
+def _dropout_hooks_reason(module: nn.Module) -> str | None:
+    """A hooked dropout between GeGLU and the down projection: the fused op never calls it (any mode)."""
     dropout = getattr(module, "dropout", None)
     if isinstance(dropout, nn.Module) and _hooked(dropout):
         return "dropout has forward hooks, which the fused kernel would skip"
@@ -224,7 +229,7 @@ def _tensor_parallel_layout(module: nn.Module) -> str | None:
 
 
 def _gate_up_down_reason(module: nn.Module) -> str | None:
-    reason = _activation_reason(module, "act_fn")
+    reason = _activation_reason(module, "act_fn") or _dropout_hooks_reason(module)
     if reason:
         return reason
     sparsity = getattr(module, "activation_sparsity", 0.0)
@@ -242,7 +247,7 @@ def _gate_up_down_reason(module: nn.Module) -> str | None:
 
 
 def _t5_reason(module: nn.Module, family: Family) -> str | None:
-    reason = _activation_reason(module, "act")
+    reason = _activation_reason(module, "act") or _dropout_hooks_reason(module)
     if reason:
         return reason
     if not isinstance(getattr(module, "dropout", None), nn.Module):
