@@ -272,6 +272,35 @@ def test_cpu_kernels_round_once_from_fp32(kernel, device, dtype, approximate):
         assert exact >= 0.995 and worst <= 1.0, f"{name}: {exact:.4f} exact, worst {worst:.2f} ulp"
 
 
+def test_cpu_exact_gelu_is_accurate_in_the_tails(kernel, device):
+    """The CPU kernel's exact GELU and its derivative, fp32, over [-13, 13] against float64 (Phi from erfc,
+    so the reference has no cancellation either): within 6 eps of each value (the derivative's error taken
+    against |Phi(x)| + |x phi(x)|, as it is a difference near x = -0.75). Torch's own fp32 GELU computes
+    0.5 * (1 + erf(x / sqrt 2)), loses up to ~1e-4 relative below x = -3 and returns 0 below x = -5.4; the
+    kernel's tail form keeps relative accuracy down to x = -13 (gelu(-13) = -8e-38). The SSE2 baseline path
+    has no FMA to recover the rounding of x^2 / 2 inside exp, so its bound grows by x^2 / 2 eps."""
+    if device != "cpu" or "cpu" not in kernel.available_backends("cpu"):
+        pytest.skip("the compiled CPU backend's exact GELU")
+    x = torch.linspace(-13, 13, 200_001)
+    gate = x.clone().requires_grad_()
+    y = kernel.geglu(gate[None], torch.ones_like(x)[None], "none", backend="cpu")[0]
+    (dgelu,) = torch.autograd.grad(y, gate, torch.ones_like(y))
+    xd = x.double()
+    cdf = 0.5 * torch.special.erfc(-xd / 2**0.5)
+    x_pdf = xd * torch.exp(-0.5 * xd * xd) / (2 * torch.pi) ** 0.5
+    eps = torch.finfo(torch.float32).eps
+    baseline = os.environ.get("FUSED_GEGLU_CPU_ISA") == "baseline" or not {"avx2", "fma"} <= _cpu_flags()
+    bound = 6.0 + (0.5 * xd * xd if baseline else 0.0)
+    ref = xd * cdf
+    keep = ref.abs() > 1e-36  # below, fp32 results are denormal and carry absolute, not relative, error
+    err_y = ((y.double() - ref).abs() / ref.abs().clamp_min(1e-300) / eps)[keep]
+    err_d = (dgelu.double() - (cdf + x_pdf)).abs() / (cdf + x_pdf.abs()) / eps
+    for name, err, b, xs in (("gelu", err_y, bound[keep] if baseline else bound, x[keep]),
+                             ("gelu'", err_d, bound, x)):
+        worst = (err / b).argmax()
+        assert (err <= b).all(), f"{name}: {err[worst].item():.1f} eps at x = {xs[worst].item():.4f}"
+
+
 def _cpu_flags() -> set[str]:
     try:
         with open("/proc/cpuinfo") as f:
@@ -283,8 +312,8 @@ def _cpu_flags() -> set[str]:
 @pytest.mark.parametrize("isa", ["baseline", "avx2", "avx512", "sse4"])
 def test_cpu_kernel_code_paths_round_once(kernel, device, repo_root, isa):
     """Each code path of the CPU kernels ($FUSED_GEGLU_CPU_ISA forces one; it is read once per process,
-    so each runs in a process of its own): the rounding test above, on the SSE2 baseline, the AVX2+FMA
-    clone and the AVX-512 clone. A machine runs only the fastest it has otherwise. A value that names
+    so each runs in a process of its own): the rounding and exact-GELU tail tests above, on the SSE2
+    baseline, the AVX2+FMA clone and the AVX-512 clone. A machine runs only the fastest it has otherwise. A value that names
     no path is refused by name."""
     import subprocess
     import sys
@@ -295,9 +324,9 @@ def test_cpu_kernel_code_paths_round_once(kernel, device, repo_root, isa):
         pytest.skip(f"{isa}: a CPU test on a CPU with {sorted(need)}")
     env = {**os.environ, "FUSED_GEGLU_CPU_ISA": isa}
     proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-o", "addopts=",
-                           "tests/test_geglu.py", "-k", "test_cpu_kernels_round_once_from_fp32"],
+                           "tests/test_geglu.py", "-k", "test_cpu_kernels_round_once_from_fp32 or test_cpu_exact_gelu_is_accurate"],
                           cwd=repo_root, env=env, capture_output=True, text=True, timeout=600)
     if isa == "sse4":
         assert proc.returncode != 0 and "FUSED_GEGLU_CPU_ISA must be auto, baseline, avx2 or avx512" in proc.stdout
         return
-    assert proc.returncode == 0 and "6 passed" in proc.stdout, proc.stdout[-3000:] + proc.stderr[-2000:]
+    assert proc.returncode == 0 and "7 passed" in proc.stdout, proc.stdout[-3000:] + proc.stderr[-2000:]
