@@ -32,7 +32,7 @@ class BuildConfig:
     version: int
     license: str
     backends: tuple[str, ...]
-    repo_id: str
+    repo_id: str | None  # [general.hub] repo-id; None when build.toml has none (see hub_repo_id)
     torch_src: tuple[str, ...]
     pyext: tuple[str, ...]
     kernels: tuple[KernelSection, ...] = field(default_factory=tuple)
@@ -60,6 +60,38 @@ def _validate_with_kernels_parser(root: Path) -> None:
         Build.open(root)
     except ValueError as exc:
         raise BuildConfigError(f"{root / 'build.toml'} is invalid: {exc}") from exc
+
+
+def _repo_id_of(general: dict, path: Path) -> str | None:
+    repo_id = general.get("hub", {}).get("repo-id")
+    if repo_id is None:
+        return None
+    if not isinstance(repo_id, str) or repo_id.count("/") != 1 or not all(repo_id.split("/")):
+        raise BuildConfigError(f"{path}: [general.hub] repo-id = {repo_id!r} is not a Hub repository id (ORG/NAME)")
+    return repo_id
+
+
+def hub_repo_id(root: Path | None = None) -> str:
+    """``build.toml``'s ``[general.hub] repo-id``: the one place the Hub repository id is written.
+
+    Every tool's default comes from here (stage, demo, publish, the card, the transformers
+    helpers); their ``--repo-id`` / ``repo_id=`` arguments override it. ``root`` defaults to
+    :func:`fused_geglu_tools.cli.repo_root`. Reads only the TOML (no kernels parser, no source
+    checks), so it is cheap to call per command.
+    """
+    if root is None:
+        from .cli import repo_root
+
+        root = repo_root()
+    path = Path(root) / "build.toml"
+    try:
+        general = tomllib.loads(path.read_text())["general"]
+    except (OSError, tomllib.TOMLDecodeError, KeyError) as exc:
+        raise BuildConfigError(f"{path}: cannot read [general]: {exc!r}") from exc
+    repo_id = _repo_id_of(general, path)
+    if repo_id is None:
+        raise BuildConfigError(f'{path}: no repository id: set [general.hub] repo-id = "ORG/NAME" (or pass --repo-id)')
+    return repo_id
 
 
 def load_build_config(root: Path) -> BuildConfig:
@@ -97,7 +129,7 @@ def load_build_config(root: Path) -> BuildConfig:
         version=int(general["version"]),
         license=general["license"],
         backends=tuple(general["backends"]),
-        repo_id=general.get("hub", {}).get("repo-id", f"org/{general['name']}"),
+        repo_id=_repo_id_of(general, path),
         torch_src=tuple(torch_table.get("src", ())),
         pyext=tuple(torch_table.get("pyext", ("py", "pyi"))),
         kernels=tuple(sections),
