@@ -6,7 +6,8 @@ Everything the card states is read from what is published, without importing the
   (``layers``, ``reference``);
 - ``layers``: the ``nn.Module`` subclasses defined in the variant's ``layers.py`` (or the
   ``layers/`` package), also read with ``ast``;
-- ``version``, ``repo_id``, ``license``, ``upstream``, ``source``: ``build.toml``;
+- ``version``, ``repo_id``, ``license``, ``upstream``, ``source``: ``build.toml`` (``repo_id``: its
+  ``[general.hub] repo-id``, unless ``--repo-id`` names another);
 - ``variants``: the ``build/<variant>`` folders with their backend;
 - ``benchmark``: the newest ``benchmarks/results/*.json``, when its shape is one this module
   understands (see :func:`load_benchmark_table`); otherwise the card says none is published.
@@ -24,6 +25,7 @@ import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 
+from .buildconfig import BuildConfigError, hub_repo_id
 from .verify import find_variants, read_metadata
 
 CARD_TEMPLATE = "CARD.md"
@@ -259,7 +261,7 @@ def card_context(repo_root: Path, build_dir: Path, *, repo_id: str | None = None
 
     benchmarks = repo_root / "benchmarks"
     return {
-        "repo_id": repo_id or general.get("hub", {}).get("repo-id") or f"org/{general['name']}",
+        "repo_id": repo_id or hub_repo_id(repo_root),
         "name": general["name"],
         "version": general["version"],
         "license": general.get("license", "").lower(),
@@ -312,7 +314,7 @@ def main(argv: list[str]) -> int:
         args.repo_root = repo_root()
     try:
         text = render_repo_card(args.repo_root, args.build_dir or args.repo_root / "build", repo_id=args.repo_id)
-    except (CardError, OSError, KeyError) as e:
+    except (CardError, BuildConfigError, OSError, KeyError) as e:
         print(f"fused-geglu card: {e}", file=sys.stderr)
         return 1
     if args.output:

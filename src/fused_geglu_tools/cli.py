@@ -8,8 +8,6 @@ import os
 import sys
 from pathlib import Path
 
-DEFAULT_REPO_ID = "org/fused-geglu"
-
 
 def repo_root() -> Path:
     env = os.environ.get("FUSED_GEGLU_ROOT")
@@ -43,26 +41,24 @@ def _cmd_build(argv: list[str]) -> int:
 
 
 def _cmd_stage(argv: list[str]) -> int:
+    from .buildconfig import BuildConfigError, hub_repo_id, load_build_config
     from .stage import stage_build
 
     root = repo_root()
     p = argparse.ArgumentParser(prog="fused-geglu stage", description="Lay build/ out as an offline Hub snapshot.")
     p.add_argument("--build", type=Path, default=root / "build")
     p.add_argument("--cache", type=Path, default=root / ".hub-cache")
-    p.add_argument("--repo-id", default=DEFAULT_REPO_ID)
+    p.add_argument("--repo-id", default=None, help="default: build.toml [general.hub] repo-id")
     p.add_argument("--ref", default=None, help="branch name (default: v<version> from build.toml)")
     args = p.parse_args(argv)
-    ref = args.ref
-    if ref is None:
-        from .buildconfig import load_build_config
-
-        ref = f"v{load_build_config(root).version}"
     try:
-        sha = stage_build(args.build, args.cache, args.repo_id, ref, benchmarks_dir=root / "benchmarks")
-    except FileNotFoundError as exc:
+        repo_id = args.repo_id or hub_repo_id(root)
+        ref = args.ref or f"v{load_build_config(root).version}"
+        sha = stage_build(args.build, args.cache, repo_id, ref, benchmarks_dir=root / "benchmarks")
+    except (FileNotFoundError, BuildConfigError) as exc:
         print(f"fused-geglu stage: error: {exc}", file=sys.stderr)
         return 1
-    print(f"staged {args.repo_id}@{ref} = {sha} in {args.cache}")
+    print(f"staged {repo_id}@{ref} = {sha} in {args.cache}")
     print(f"use it with: HF_HUB_OFFLINE=1 HF_HUB_CACHE={args.cache}")
     return 0
 

@@ -7,10 +7,12 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 import time
 from pathlib import Path
 
-from .cli import DEFAULT_REPO_ID, repo_root
+from .buildconfig import BuildConfigError, hub_repo_id
+from .cli import repo_root
 
 
 def _rel_err(out, ref) -> float:
@@ -83,7 +85,7 @@ def _speed(k, torch) -> list[tuple[str, float, float]]:
     return out
 
 
-def _kernelize_gemma(torch, device: str) -> None:
+def _kernelize_gemma(torch, device: str, repo_id: str) -> None:
     try:
         from transformers import GemmaConfig, GemmaForCausalLM
     except ImportError as exc:
@@ -102,7 +104,7 @@ def _kernelize_gemma(torch, device: str) -> None:
     with torch.no_grad():
         before = model.generate(prompt, max_new_tokens=12, do_sample=False)
         logits_before = model(prompt).logits
-    report = integration.kernelize(model, mode=Mode.INFERENCE, device=device, source="hub")
+    report = integration.kernelize(model, mode=Mode.INFERENCE, device=device, source="hub", repo_id=repo_id)
     print(report)
     with torch.no_grad():
         after = model.generate(prompt, max_new_tokens=12, do_sample=False)
@@ -120,8 +122,13 @@ def main(argv: list[str]) -> int:
     root = repo_root()
     p = argparse.ArgumentParser(prog="fused-geglu demo", description=__doc__)
     p.add_argument("--cache", type=Path, default=root / ".hub-cache")
-    p.add_argument("--repo-id", default=DEFAULT_REPO_ID)
+    p.add_argument("--repo-id", default=None, help="default: build.toml [general.hub] repo-id")
     args = p.parse_args(argv)
+    try:
+        args.repo_id = args.repo_id or hub_repo_id(root)
+    except BuildConfigError as exc:
+        print(f"fused-geglu demo: error: {exc}", file=sys.stderr)
+        return 1
     # Offline, from the staged snapshot: must be set before huggingface_hub is imported.
     os.environ["HF_HUB_OFFLINE"] = "1"
     os.environ["HF_HUB_CACHE"] = str(args.cache)
@@ -140,7 +147,7 @@ def main(argv: list[str]) -> int:
     for name, shape, backend, err in _ops_table(k, torch, device):
         print(f"{name:26} {shape:24} {backend:18} {err:.2e}")
     print()
-    _kernelize_gemma(torch, device)
+    _kernelize_gemma(torch, device, args.repo_id)
     if device == "cuda":
         print()
         print(f"{'speed (median of 20, CUDA events)':48} {'eager us':>10} {'fused us':>10} {'speed-up':>9}")

@@ -1,5 +1,7 @@
 """`fused-geglu publish`: upload the build to a Hub repository of type ``kernel``.
 
+The repository is ``build.toml``'s ``[general.hub] repo-id`` unless ``--repo-id`` names another.
+
 Two trees go up, as kernel-builder's ``upload`` lays them out:
 
 - branch ``v<version>`` (``version`` from ``build.toml``): ``build/<variant>/...`` for every
@@ -32,6 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from . import card, verify
+from .buildconfig import hub_repo_id
 
 REPO_TYPE = "kernel"
 CARD_BRANCH = "main"
@@ -232,9 +235,7 @@ def prepare(
     """All checks, then the trees under ``out_dir``. ``current=None``: branch state unknown."""
     general = read_general(repo_root)
     version = int(general["version"])
-    repo_id = repo_id or general.get("hub", {}).get("repo-id")
-    if not repo_id:
-        raise ValueError("no repository id: set [general.hub] repo-id in build.toml or pass --repo-id")
+    repo_id = repo_id or hub_repo_id(repo_root)
     if not (Path(repo_root) / card.CARD_TEMPLATE).is_file():
         raise ValueError(f"{Path(repo_root) / card.CARD_TEMPLATE} does not exist")
     branch = f"v{version}"
@@ -358,10 +359,10 @@ def _publish(args, build_dir: Path, api) -> int:
         return EXIT_HUB
     api = api or HfApi()
     general = read_general(args.repo_root)
-    repo_id = args.repo_id or general.get("hub", {}).get("repo-id")
+    repo_id = args.repo_id or hub_repo_id(args.repo_root)
     branch = f"v{general['version']}"
     try:
-        current = hub_branch_state(api, repo_id, branch) if repo_id else None
+        current = hub_branch_state(api, repo_id, branch)
         with tempfile.TemporaryDirectory(prefix="fused-geglu-publish-") as tmp:
             plan = prepare(args.repo_root, build_dir, Path(tmp), repo_id=repo_id,
                            allow_dirty=args.allow_dirty, current=current)

@@ -1,10 +1,11 @@
 """Lay ``build/`` out as a local Hub snapshot, so ``kernels`` loads it offline like a download.
 
-Layout (what huggingface_hub's cache holds for a ``kernel``-type repo)::
+Layout (what huggingface_hub's cache holds for a ``kernel``-type repo; ``ORG/NAME`` is
+``build.toml``'s ``[general.hub] repo-id`` unless ``--repo-id`` names another)::
 
-    <cache>/kernels--org--fused-geglu/refs/v1                  # 40-hex snapshot id
-    <cache>/kernels--org--fused-geglu/snapshots/<id>/build/<variant>/...
-    <cache>/kernels--org--fused-geglu/snapshots/<id>/benchmarks/benchmark*.py
+    <cache>/kernels--ORG--NAME/refs/v1                  # 40-hex snapshot id
+    <cache>/kernels--ORG--NAME/snapshots/<id>/build/<variant>/...
+    <cache>/kernels--ORG--NAME/snapshots/<id>/benchmarks/benchmark*.py
 
 The snapshot id is a SHA-1 over every staged file's path and content, so the same build stages to
 the same id and any change of content gets a new one (and an older lock keeps pointing at the old).
@@ -45,9 +46,16 @@ def snapshot_id(files: list[tuple[str, Path]]) -> str:
     return h.hexdigest()
 
 
-def stage_build(build_dir: Path, cache_dir: Path, repo_id: str = "org/fused-geglu", ref: str = "v1",
+def stage_build(build_dir: Path, cache_dir: Path, repo_id: str | None = None, ref: str = "v1",
                 benchmarks_dir: Path | None = None) -> str:
-    """Stage ``build_dir`` into ``cache_dir`` under ``ref``; returns the snapshot id."""
+    """Stage ``build_dir`` into ``cache_dir`` under ``ref``; returns the snapshot id.
+
+    ``repo_id`` defaults to ``build.toml``'s ``[general.hub] repo-id`` (:func:`.buildconfig.hub_repo_id`).
+    """
+    if repo_id is None:
+        from .buildconfig import hub_repo_id
+
+        repo_id = hub_repo_id()
     build_dir = Path(build_dir)
     files = _staged_files(build_dir, benchmarks_dir)
     if not any(rel.startswith("build/") for rel, _ in files):
