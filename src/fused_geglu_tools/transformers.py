@@ -11,11 +11,11 @@ transformers 5.x)::
     print(report)                                 # what was replaced (class, count, layer) and refused, why
     report = kernelize(model, mode=Mode.INFERENCE | Mode.TORCH_COMPILE, source="local")
 
-Sources: ``"hub"`` (``org/fused-geglu``, version 1), ``"locked"`` (``lockfile=`` a kernels.lock),
-``"local"`` (this checkout's ``build/``). ``linear_bias=True`` also replaces biased ``nn.Linear``s
-with the bias-epilogue linear. The families and their refusal rules are in
-:data:`FAMILIES` / :func:`refusal`; the KernelConfig route is :func:`kernel_config` (see
-:mod:`fused_geglu_tools.hf.config` for its limits).
+Sources: ``"hub"`` (``REPO_ID``, which is ``build.toml``'s ``[general.hub] repo-id``, version 1),
+``"locked"`` (``lockfile=`` a kernels.lock), ``"local"`` (this checkout's ``build/``).
+``linear_bias=True`` also replaces biased ``nn.Linear``s with the bias-epilogue linear. The
+families and their refusal rules are in :data:`FAMILIES` / :func:`refusal`; the KernelConfig route
+is :func:`kernel_config` (see :mod:`fused_geglu_tools.hf.config` for its limits).
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ from .hf.marking import (
     marked,
     unmark_classes,
 )
-from .hf.repos import DEVICES, MODES, REPO_ID, VERSION, kernel_mapping, layer_repository
+from .hf.repos import DEVICES, MODES, VERSION, kernel_mapping, layer_repository
 
 __all__ = [
     "DEVICES",
@@ -76,3 +76,12 @@ __all__ = [
     "unkernelize",
     "unmark_classes",
 ]
+
+
+def __getattr__(name: str):
+    # REPO_ID: build.toml's [general.hub] repo-id, read when asked for (see hf.repos).
+    if name == "REPO_ID":
+        from .hf import repos
+
+        return repos.default_repo_id()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

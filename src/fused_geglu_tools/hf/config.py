@@ -19,7 +19,8 @@ Limits of that route (transformers 5.17-5.23, ``utils/kernel_config.py``):
 - devices are limited to cuda/rocm/xpu/npu/neuron/tpu(/mps): a CPU model raises ``ValueError``;
 - ``use_local_kernel=True`` fails inside ``from_pretrained`` (``'tuple' object has no attribute
   'split'``); it works after loading, via ``model.set_use_kernels(True, kernel_config(source="local"))``.
-  For ``from_pretrained`` with a local build use ``LOCAL_KERNELS="org/fused-geglu=<repo>/build"``.
+  For ``from_pretrained`` with a local build use ``LOCAL_KERNELS="<repo id>=<repo>/build"`` (the repo
+  id is ``build.toml``'s ``[general.hub] repo-id``, e.g. ``org/fused-geglu``).
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from pathlib import Path
 from typing import Iterable, Literal
 
 from .families import GEGLU_MLP, KERNEL_LAYERS
-from .repos import REPO_ID, VERSION, default_build_dir
+from .repos import VERSION, default_build_dir, default_repo_id
 
 
 def kernel_config_support() -> str | None:
@@ -49,7 +50,7 @@ def kernel_config_support() -> str | None:
 
 
 def kernel_config(layers: Iterable[str] = (GEGLU_MLP,), *, source: Literal["hub", "local"] = "hub",
-                  repo_id: str = REPO_ID, version: int | None = VERSION, revision: str | None = None,
+                  repo_id: str | None = None, version: int | None = VERSION, revision: str | None = None,
                   build_dir: Path | None = None, trust_remote_code: bool = True):
     """A ``transformers.KernelConfig`` mapping the given marked layer names to fused-geglu.
 
@@ -57,7 +58,7 @@ def kernel_config(layers: Iterable[str] = (GEGLU_MLP,), *, source: Literal["hub"
     for Gemma-style models, ``FusedT5GeGLUDense`` for the T5 family, ``FusedLinearBias`` when
     ``nn.Linear`` is marked. ``inherit_mapping=False``: transformers' default mapping would
     try to download kernels-community repos. A fresh config is needed for every
-    ``set_use_kernels`` call.
+    ``set_use_kernels`` call. ``repo_id`` defaults to ``build.toml``'s ``[general.hub] repo-id``.
     """
     from transformers import KernelConfig
 
@@ -71,7 +72,7 @@ def kernel_config(layers: Iterable[str] = (GEGLU_MLP,), *, source: Literal["hub"
             mapping[name] = f"{Path(build_dir or default_build_dir()).resolve()}:{layer}"
         elif source == "hub":
             meta = {"revision": revision} if revision is not None else {"version": version}
-            mapping[name] = (f"{repo_id}:{layer}", {**meta, "trust_remote_code": trust_remote_code})
+            mapping[name] = (f"{repo_id or default_repo_id()}:{layer}", {**meta, "trust_remote_code": trust_remote_code})
         else:
             raise ValueError(f"KernelConfig supports source='hub' or 'local', got {source!r}")
     return KernelConfig(mapping, use_local_kernel=source == "local", inherit_mapping=False)

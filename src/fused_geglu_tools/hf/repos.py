@@ -2,9 +2,10 @@
 
 Sources:
 
-- ``"hub"``: ``LayerRepository("org/fused-geglu", version=1)`` (the ``v1`` branch; offline, with
+- ``"hub"``: ``LayerRepository(REPO_ID, version=1)`` (the ``v1`` branch; offline, with
   ``HF_HUB_OFFLINE=1``, the ``refs/v1`` of the local Hub cache). ``revision=`` pins a branch, tag or
-  commit instead.
+  commit instead. ``REPO_ID`` is this checkout's ``build.toml`` ``[general.hub] repo-id``
+  (``org/fused-geglu`` here), read when asked; ``repo_id=`` names another.
 - ``"locked"``: ``LockedLayerRepository`` reading the commit from a ``kernels.lock`` (kernels 0.17
   format); ``lockfile=None`` lets kernels look in the calling package's metadata.
 - ``"local"``: ``LocalLayerRepository`` on this checkout's ``build/`` (or ``build_dir=``); kernels
@@ -18,9 +19,9 @@ from typing import Iterable, Literal
 
 from kernels import LayerRepository, LocalLayerRepository, LockedLayerRepository, Mode
 
+from ..buildconfig import hub_repo_id
 from .families import GEGLU_MLP, KERNEL_LAYERS, LINEAR_BIAS, T5_GEGLU_DENSE
 
-REPO_ID = "org/fused-geglu"
 VERSION = 1
 
 Source = Literal["hub", "locked", "local"]
@@ -45,7 +46,20 @@ def default_build_dir() -> Path:
     return CHECKOUT / "build"
 
 
-def layer_repository(layer: str, *, source: Source = "hub", repo_id: str = REPO_ID, version: int | None = VERSION,
+def default_repo_id() -> str:
+    """This checkout's ``build.toml`` ``[general.hub] repo-id`` (the ``"hub"`` and ``"locked"`` default)."""
+    return hub_repo_id(CHECKOUT)
+
+
+def __getattr__(name: str):
+    # REPO_ID is read from build.toml when asked for (not at import: a build.toml without a
+    # repo id must not break importing the integration, and a fork's build.toml is what counts).
+    if name == "REPO_ID":
+        return default_repo_id()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def layer_repository(layer: str, *, source: Source = "hub", repo_id: str | None = None, version: int | None = VERSION,
                      revision: str | None = None, lockfile: Path | None = None, build_dir: Path | None = None,
                      trust_remote_code: bool = True):
     """The kernels repository object for mapping name ``layer`` (e.g. ``"FusedGeGLUMLP"``).
@@ -56,6 +70,8 @@ def layer_repository(layer: str, *, source: Source = "hub", repo_id: str = REPO_
     if layer not in KERNEL_LAYERS:
         raise ValueError(f"unknown layer {layer!r}; expected one of {sorted(KERNEL_LAYERS)}")
     layer_name = KERNEL_LAYERS[layer]
+    if source in ("hub", "locked") and repo_id is None:
+        repo_id = default_repo_id()
     if source == "hub":
         if revision is not None:
             version = None
@@ -92,10 +108,12 @@ def kernel_mapping(*, source: Source = "hub", layers: Iterable[str] | None = Non
     return mapping
 
 
-def describe_source(source: Source, *, repo_id: str = REPO_ID, version: int | None = VERSION,
+def describe_source(source: Source, *, repo_id: str | None = None, version: int | None = VERSION,
                     revision: str | None = None, lockfile: Path | None = None, build_dir: Path | None = None,
                     **_ignored) -> str:
     """Short human label for a report line, e.g. ``org/fused-geglu@v1``."""
+    if source in ("hub", "locked") and repo_id is None:
+        repo_id = default_repo_id()
     if source == "hub":
         return f"{repo_id}@{revision}" if revision is not None else f"{repo_id}@v{version}"
     if source == "locked":
