@@ -313,8 +313,8 @@ def _cpu_flags() -> set[str]:
 def test_cpu_kernel_code_paths_round_once(kernel, device, repo_root, isa):
     """Each code path of the CPU kernels ($FUSED_GEGLU_CPU_ISA forces one; it is read once per process,
     so each runs in a process of its own): the rounding and exact-GELU tail tests above, on the SSE2
-    baseline, the AVX2+FMA clone and the AVX-512 clone. A machine runs only the fastest it has otherwise. A value that names
-    no path is refused by name."""
+    baseline, the AVX2+FMA clone and the AVX-512 clone. A machine runs only the fastest it has otherwise.
+    A value that names no path is refused by name."""
     import subprocess
     import sys
 
@@ -324,7 +324,8 @@ def test_cpu_kernel_code_paths_round_once(kernel, device, repo_root, isa):
         pytest.skip(f"{isa}: a CPU test on a CPU with {sorted(need)}")
     env = {**os.environ, "FUSED_GEGLU_CPU_ISA": isa}
     proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-o", "addopts=",
-                           "tests/test_geglu.py", "-k", "test_cpu_kernels_round_once_from_fp32 or test_cpu_exact_gelu_is_accurate"],
+                           "tests/test_geglu.py", "-k",
+                           "test_cpu_kernels_round_once_from_fp32 or test_cpu_exact_gelu_is_accurate"],
                           cwd=repo_root, env=env, capture_output=True, text=True, timeout=600)
     if isa == "sse4":
         assert proc.returncode != 0 and "FUSED_GEGLU_CPU_ISA must be auto, baseline, avx2 or avx512" in proc.stdout
