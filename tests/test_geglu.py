@@ -301,6 +301,47 @@ def test_cpu_exact_gelu_is_accurate_in_the_tails(kernel, device):
         assert (err <= b).all(), f"{name}: {err[worst].item():.1f} eps at x = {xs[worst].item():.4f}"
 
 
+def test_cpu_kernels_run_on_torchs_threads(kernel, device):
+    """The CPU kernels split their work over torch's intra-op threads. at::parallel_for compiled into a
+    .so built without -fopenmp is a serial loop (its OpenMP body is a header template), so the kernels
+    ran on one thread until they went through TensorIterator::for_each, which runs inside libtorch_cpu.
+    Counted from /proc/self/task: during the calls, at least two threads each do a fifth of the CPU work."""
+    if device != "cpu" or "cpu" not in kernel.available_backends("cpu"):
+        pytest.skip("the compiled CPU backend")
+    if not os.path.isdir("/proc/self/task") or (os.cpu_count() or 1) < 2:
+        pytest.skip("needs Linux's /proc and at least two CPUs")
+
+    def cpu_ticks() -> dict[str, int]:
+        ticks = {}
+        for tid in os.listdir("/proc/self/task"):
+            try:
+                with open(f"/proc/self/task/{tid}/stat") as f:
+                    fields = f.read().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            ticks[tid] = int(fields[11]) + int(fields[12])  # utime + stime
+        return ticks
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        gate, up, dy = randn(2048, 4096, requires_grad=True), randn(2048, 4096), randn(2048, 4096)
+
+        def step(approximate):  # the forward and backward kernels and nothing else that computes
+            torch.autograd.grad(kernel.geglu(gate, up, approximate, backend="cpu"), gate, dy)
+
+        for approximate in ("none", "tanh"):
+            step(approximate)  # torch's threads exist from here
+            before = cpu_ticks()
+            for _ in range(12):
+                step(approximate)
+            after = cpu_ticks()
+            used = sorted((after[t] - before.get(t, 0) for t in after), reverse=True)
+            assert len(used) >= 2 and used[1] >= 0.2 * sum(used), f"{approximate}: CPU ticks per thread {used}"
+    finally:
+        torch.set_num_threads(threads)
+
+
 def _cpu_flags() -> set[str]:
     try:
         with open("/proc/cpuinfo") as f:

@@ -6,7 +6,8 @@
 //     __builtin_cpu_supports; everything else is the SSE2 baseline. (Non-x86 builds get the baseline only.)
 //     The AVX-512 clone (F/BW/VL/DQ, 512-bit vectors preferred) took the [1024, 2048] pointwise 1.3-1.6x
 //     less time than the AVX2 one on the development machine's AMD EPYC (benchmarks/diag/cpu_mlp.py).
-//   * Do NOT add -fopenmp: threads come from torch's own pool via at::parallel_for.
+//   * Do NOT add -fopenmp (a second OpenMP runtime beside torch's): threads come from torch's own pool
+//     through TensorIterator::for_each (for_each_span below says why not at::parallel_for).
 //   * Do NOT add -ffast-math: the rounding tricks below (fp16 store, exp range reduction) rely on
 //     IEEE evaluation order.
 //
@@ -27,8 +28,8 @@
 //     gelu' = s + x * s * (1 - s) * d(2u)/dx with 1 - s = e * s, again without cancellation.
 //   * exp: Cody-Waite reduction by ln 2, degree-6 minimax polynomial, exponent built with integer ops;
 //     input clamped to [-87, 88] (results stay normal; NaN propagates).
-//   * Work is split over (row, column block) units so a single long row still uses every thread, with a
-//     grain so that small tensors stay on the calling thread.
+//   * Work is split by TensorIterator over elements (rows or parts of rows), with a grain of 32768
+//     elements so that small tensors stay on the calling thread.
 //   * FUSED_GEGLU_CPU_ISA=baseline|avx2|avx512|auto (read once, default auto: the widest the CPU has) forces
 //     one code path; meant for tests (tests/test_geglu.py runs each in a process of its own).
 //
@@ -37,11 +38,10 @@
 // Tanh GELU and exp are within ~1-2 ulp of fp32 on every path; exact GELU's bounds are above.
 
 #include <ATen/MemoryOverlap.h>
-#include <ATen/Parallel.h>
+#include <ATen/TensorIterator.h>
 #include <ATen/core/Tensor.h>
 #include <c10/util/Exception.h>
 
-#include <algorithm>
 #include <bit>
 #include <cstdint>
 #include <cstdlib>
@@ -381,27 +381,44 @@ void check_common(const char *op, const at::Tensor &gate, int64_t approximate) {
               ": dtype must be float32, float16 or bfloat16, got ", dtype);
 }
 
-// Work unit = (row, block of kColBlock columns); a parallel_for task gets at least ~kGrainElems elements.
-constexpr int64_t kColBlock = 8192;
-constexpr int64_t kGrainElems = 32768;
-
-template <class Body>  // body(row, col0, ncols)
-void for_each_span(int64_t rows, int64_t cols, Body &&body) {
-  const int64_t nblocks = (cols + kColBlock - 1) / kColBlock;
-  const int64_t unit_elems = cols < kColBlock ? cols : kColBlock;
-  const int64_t grain = std::max<int64_t>(1, kGrainElems / unit_elems);
-  at::parallel_for(0, rows * nblocks, grain, [&](int64_t begin, int64_t end) {
-    for (int64_t unit = begin; unit < end; ++unit) {
-      const int64_t row = unit / nblocks;
-      const int64_t col0 = (unit % nblocks) * kColBlock;
-      body(row, col0, std::min(kColBlock, cols - col0));
-    }
-  });
+// Runs span(ptrs, n) over every element of iter's operands, on torch's intra-op threads: ptrs holds one
+// pointer per operand (outputs first), each to n consecutive elements of elem_size bytes. Threads come
+// from TensorIterator::for_each, which is compiled inside libtorch_cpu: at::parallel_for is a header
+// template whose OpenMP body compiles to a serial loop in a .so built without -fopenmp (this one must not
+// link a second OpenMP runtime), so calling it here ran on one thread.
+template <int N, class Span>
+void for_each_span(at::TensorIterator &iter, int64_t elem_size, Span &&span) {
+  constexpr int64_t kGrainElems = 32768;  // elements per task at least: small tensors stay on one thread
+  iter.for_each(
+      [&](char **data, const int64_t *strides, int64_t size0, int64_t size1) {
+        // Inner dimension: the operands' last dim (unit stride, checked above), or a single column.
+        bool unit = true;
+        for (int k = 0; k < N; ++k) unit = unit && strides[k] == elem_size;
+        char *ptrs[N];
+        for (int64_t j = 0; j < size1; ++j) {
+          for (int k = 0; k < N; ++k) ptrs[k] = data[k] + j * strides[N + k];
+          if (unit) {
+            span(ptrs, size0);
+            continue;
+          }
+          for (int64_t i = 0; i < size0; ++i) {
+            span(ptrs, 1);
+            for (int k = 0; k < N; ++k) ptrs[k] += strides[k];
+          }
+        }
+      },
+      kGrainElems);
 }
 
-// Byte address of element (row, col) of a 2-D tensor with unit last-dim stride.
-inline char *at_rc(const at::Tensor &t, int64_t row, int64_t col) {
-  return static_cast<char *>(t.data_ptr()) + (row * t.stride(0) + col) * t.element_size();
+// The operands as one TensorIterator, without its overlap checks (ours are above: the forward may write
+// over gate itself) or any resizing.
+at::TensorIterator iterate(std::initializer_list<const at::Tensor *> outputs,
+                           std::initializer_list<const at::Tensor *> inputs) {
+  at::TensorIteratorConfig config;
+  config.set_check_mem_overlap(false).check_all_same_dtype(true).resize_outputs(false);
+  for (const at::Tensor *t : outputs) config.add_output(*t);
+  for (const at::Tensor *t : inputs) config.add_const_input(*t);
+  return config.build();
 }
 
 }  // namespace
@@ -420,9 +437,8 @@ void geglu_fwd(at::Tensor &out, at::Tensor const &gate, at::Tensor const &up, in
   const FwdFn fn = with_format(gate.scalar_type(), [&]<class D>() {
     return approximate == 1 ? pick_fwd<D, true>() : pick_fwd<D, false>();
   });
-  for_each_span(rows, cols, [&](int64_t r, int64_t c0, int64_t n) {
-    fn(at_rc(out, r, c0), at_rc(gate, r, c0), at_rc(up, r, c0), n);
-  });
+  at::TensorIterator iter = iterate({&out}, {&gate, &up});
+  for_each_span<3>(iter, gate.element_size(), [&](char *const *p, int64_t n) { fn(p[0], p[1], p[2], n); });
 }
 
 void geglu_bwd(at::Tensor &grad_gate, at::Tensor &grad_up, at::Tensor const &grad_out,
@@ -436,7 +452,8 @@ void geglu_bwd(at::Tensor &grad_gate, at::Tensor &grad_up, at::Tensor const &gra
   check_operand(op, "grad_up", grad_up, gate);
   // Each grad is stored independently of the other's inputs, so no in-place aliasing is allowed here
   // (unlike the forward, whose single store depends on both loads).
-  for (const at::Tensor *t : std::initializer_list<const at::Tensor *>{&grad_up, &grad_out, &gate, &up}) at::assert_no_overlap(grad_gate, *t);
+  using Operands = std::initializer_list<const at::Tensor *>;  // grad_up is non-const: name the type
+  for (const at::Tensor *t : Operands{&grad_up, &grad_out, &gate, &up}) at::assert_no_overlap(grad_gate, *t);
   for (const at::Tensor *t : {&grad_out, &gate, &up}) at::assert_no_overlap(grad_up, *t);
   const int64_t rows = gate.size(0), cols = gate.size(1);
   if (rows == 0 || cols == 0) return;
@@ -444,8 +461,7 @@ void geglu_bwd(at::Tensor &grad_gate, at::Tensor &grad_up, at::Tensor const &gra
   const BwdFn fn = with_format(gate.scalar_type(), [&]<class D>() {
     return approximate == 1 ? pick_bwd<D, true>() : pick_bwd<D, false>();
   });
-  for_each_span(rows, cols, [&](int64_t r, int64_t c0, int64_t n) {
-    fn(at_rc(grad_gate, r, c0), at_rc(grad_up, r, c0), at_rc(grad_out, r, c0), at_rc(gate, r, c0),
-       at_rc(up, r, c0), n);
-  });
+  at::TensorIterator iter = iterate({&grad_gate, &grad_up}, {&grad_out, &gate, &up});
+  for_each_span<5>(iter, gate.element_size(),
+                   [&](char *const *p, int64_t n) { fn(p[0], p[1], p[2], p[3], p[4], n); });
 }
