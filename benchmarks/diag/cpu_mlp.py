@@ -2,7 +2,7 @@
 C++ training node) against the eager module, forward (no_grad) and training step, fp32 and bf16; and the
 GeGLU pointwise alone (``geglu`` on [1024, 2048], both GELU flavours) against ``F.gelu(gate) * up``.
 
-    python3 benchmarks/diag/cpu_mlp.py --out DIR [--rounds 6] [--calls 3]
+    python3 benchmarks/diag/cpu_mlp.py --out DIR [--rounds 6] [--calls 3] [--ops geglu_mlp,geglu]
 
 The kernel's product is the GPU; on CPU the functions and layers must work, and a kernelized model must not
 be slower than its own forward. Both are ATen's GEMMs, which take almost all the time, so this shows what
@@ -51,7 +51,11 @@ def main() -> None:
     p.add_argument("--out", required=True)
     p.add_argument("--rounds", type=int, default=6)
     p.add_argument("--calls", type=int, default=3)
+    p.add_argument("--ops", default="geglu_mlp,geglu", help="comma-separated: geglu_mlp (the MLP), geglu (pointwise)")
     args = p.parse_args()
+    ops = set(args.ops.split(","))
+    if not ops or not ops <= {"geglu_mlp", "geglu"}:
+        p.error(f"--ops takes geglu_mlp and/or geglu, got {args.ops!r}")
     k = load_kernel()
 
     def ours(x, wg, wu, wd):
@@ -59,7 +63,7 @@ def main() -> None:
 
     torch.manual_seed(0)
     rows = []
-    for dtype in (torch.float32, torch.bfloat16):
+    for dtype in (torch.float32, torch.bfloat16) if "geglu_mlp" in ops else ():
         for m, h, i in CASES:
             x = torch.randn(m, h).to(dtype)
             ws = [(torch.randn(i, h) * h**-0.5).to(dtype), (torch.randn(i, h) * h**-0.5).to(dtype),
@@ -82,7 +86,7 @@ def main() -> None:
                 rows.append(row)
                 print(f"{row['dtype']:9} M={m:5} H={h:5} I={i:5} {row['mode']:5} eager {row['eager_ms']:8.2f} ms "
                       f"ours {row['ours_ms']:8.2f} ms  ours/eager {row['ours_over_eager']:.2f}", flush=True)
-    for dtype in (torch.float32, torch.bfloat16):
+    for dtype in (torch.float32, torch.bfloat16) if "geglu" in ops else ():
         for approximate in ("tanh", "none"):
             gate, up, dy = (torch.randn(1024, 2048).to(dtype) for _ in range(3))
             for train in (False, True):
