@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import sys
 from pathlib import Path
 
 import pytest
@@ -152,3 +153,51 @@ def test_digest_rule_matches_kernels(variant):
     rust = pytest.importorskip("kernels._rust")
     theirs = rust.Digest.hash_variant(rust.DigestAlgorithm.SHA256, variant).files
     assert dict(theirs) == digest.hash_variant(variant)
+
+
+def test_unrecorded_dirty_flag_is_not_clean_without_kernels(variant, monkeypatch, capsys):
+    """A commit without a dirty flag says nothing about the tree, so it is not a clean build, also
+    where kernels (whose parser would reject such metadata) is not installed."""
+    monkeypatch.setitem(sys.modules, "kernels._rust", None)  # `from kernels._rust import ...` fails
+    edit_metadata(variant, lambda m: m["provenance"]["kernel"].pop("dirty"))
+    report = verify.verify_variant(variant)
+    assert report.intact and report.commit == CLEAN["commit"] and report.dirty is None
+    assert not report.clean
+    assert verify.main([str(variant)]) == verify.EXIT_DIRTY
+    assert "dirty flag not recorded" in capsys.readouterr().out
+    assert verify.main([str(variant), "--allow-dirty"]) == verify.EXIT_OK
+
+
+def test_digest_of_another_algorithm_is_refused(variant):
+    """sha512 is a digest kernels knows, but not one verify computes: the sha256 values recorded
+    under that name must not be taken as a match."""
+    edit_metadata(variant, lambda m: m["digest"].__setitem__("algorithm", "sha512"))
+    report = verify.verify_variant(variant)
+    assert not report.intact and "'sha512' is not supported" in report.errors[0]
+    assert verify.main([str(variant)]) == verify.EXIT_INTEGRITY
+
+
+def test_variant_option_reports_only_the_named_variants(build_copy, variant, capsys):
+    others = [v for v in verify.find_variants(build_copy) if v != variant]
+    if not others:
+        pytest.skip("needs two variants")
+    assert verify.main([str(build_copy), "--variant", variant.name, "--json"]) == verify.EXIT_OK
+    data = json.loads(capsys.readouterr().out)
+    assert [v["variant"] for v in data["variants"]] == [variant.name]
+    (others[0] / "injected.py").write_text("")  # a failure outside the selection does not count
+    assert verify.main([str(build_copy), "--variant", variant.name]) == verify.EXIT_OK
+    assert verify.main([str(build_copy), "--variant", others[0].name]) == verify.EXIT_INTEGRITY
+
+
+def test_every_shipped_file_is_covered(variant):
+    """Deleting any one shipped file (the generated _ops.py and the .so included) is reported."""
+    shipped = digest.hashed_files(variant)
+    assert {"_ops.py", "__init__.py"} <= {p.relative_to(variant).as_posix() for p in shipped}
+    for path in shipped:
+        data = path.read_bytes()
+        path.unlink()
+        try:
+            assert verify.verify_variant(variant).missing == [path.relative_to(variant).as_posix()]
+        finally:
+            path.write_bytes(data)
+    assert verify.verify_variant(variant).intact
