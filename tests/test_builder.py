@@ -69,6 +69,38 @@ def test_build_layout_and_metadata(build_dir, repo_root):
     assert not list(build_dir.glob(".partial-*")), "half-built variants left behind"
 
 
+def test_metadata_writer_records_archs_provenance_and_dependencies(repo_root, tmp_path):
+    """Fields the local CPU build leaves empty (CUDA archs, python-depends, upstream, a dirty tree)
+    are written as the loader reads them: metadata.json parsed back by kernels' own parser."""
+    import dataclasses
+
+    from fused_geglu_tools.gitid import SourceIdentity
+    from fused_geglu_tools.metadata import write_metadata
+    from kernels._rust import Metadata
+
+    cfg = dataclasses.replace(load_build_config(repo_root), python_depends=("einops",),
+                              upstream="https://github.com/org/fused-geglu")
+    variant = Variant(backend="cuda", torch=(2, 11), cuda=(13, 0))
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "__init__.py").write_text("x = 1\n")
+    (tmp_path / "sub" / "configs.json").write_text("{}")
+    ident = SourceIdentity(uid="abc1234_dirty", commit="c" * 40, dirty=True)
+    path = write_metadata(tmp_path, cfg, variant, "_fused_geglu_cuda_abc1234_dirty", ident, ["8.0", "9.0a"], "9.9.9")
+    meta = Metadata.read_from_file(path)
+    assert meta.id == "_fused_geglu_cuda_abc1234_dirty" and meta.version == cfg.version
+    assert meta.backend.archs == ["8.0", "9.0a"]
+    assert meta.provenance.kernel.commit == "c" * 40 and meta.provenance.kernel.dirty is True
+    assert meta.python_depends == ["einops"] and meta.upstream == "https://github.com/org/fused-geglu"
+    assert dict(meta.digest.files) == hash_variant(tmp_path) and set(meta.digest.files) == {
+        "__init__.py", "sub/configs.json"}
+    # Outside git, with no commit named: no kernel provenance at all (not a made-up clean one).
+    path = write_metadata(tmp_path, cfg, Variant(backend="cpu", torch=(2, 13)), "_fused_geglu_cpu_abc1234",
+                          SourceIdentity(uid="abc1234", commit=None, dirty=False), [], "9.9.9")
+    data = json.loads(path.read_text())
+    assert "kernel" not in data["provenance"] and "archs" not in data["backend"]
+    assert data["digest"]["files"] == hash_variant(tmp_path), "metadata.json must not hash itself"
+
+
 def test_ops_id_comes_from_the_git_tree(repo_root, build_dir):
     ident = source_identity(repo_root)
     assert ident == source_identity(repo_root), "two identities of one tree must agree"
