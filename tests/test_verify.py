@@ -201,3 +201,16 @@ def test_every_shipped_file_is_covered(variant):
         finally:
             path.write_bytes(data)
     assert verify.verify_variant(variant).intact
+
+
+def test_only_the_top_level_metadata_is_outside_the_digest(variant):
+    """metadata.json / .sigstore are skipped at the variant's top level only: a metadata.json in a
+    subfolder is a shipped file like any other (kernels' Digest.hash_variant hashes it too)."""
+    (variant / "metadata.json.sigstore").write_text("{}")
+    assert verify.verify_variant(variant).intact
+    nested = variant / "triton_kernels" / "metadata.json"
+    nested.write_text("{}")
+    assert verify.verify_variant(variant).unknown == ["triton_kernels/metadata.json"]
+    rust = pytest.importorskip("kernels._rust")
+    theirs = rust.Digest.hash_variant(rust.DigestAlgorithm.SHA256, variant).files
+    assert dict(theirs) == digest.hash_variant(variant)
