@@ -88,7 +88,7 @@ def test_unknown_version_and_missing_cache_fail(hub_cache, tmp_path, capsys):
     assert lock.main([str(project), "--cache-dir", str(tmp_path / "empty-cache")]) == lock.EXIT_UNRESOLVED
 
 
-@pytest.mark.parametrize("damage", ["short_ref", "non_hex_ref", "no_snapshot_build"])
+@pytest.mark.parametrize("damage", ["short_ref", "long_ref", "non_hex_ref", "no_snapshot_build"])
 def test_a_damaged_cache_is_unresolved_not_locked(hub_cache, tmp_path, capsys, damage):
     """A cache whose refs/v1 is not a full commit id, or whose snapshot lacks build/, resolves nothing:
     a lock must name a commit the loader can find offline."""
@@ -101,6 +101,9 @@ def test_a_damaged_cache_is_unresolved_not_locked(hub_cache, tmp_path, capsys, d
     commit = ref.read_text().strip()
     if damage == "short_ref":
         ref.write_text(commit[:12])
+    elif damage == "long_ref":  # its snapshot folder exists: only the ref's form gives it away
+        ref.write_text(commit + "0")
+        (repo_dir / "snapshots" / commit).rename(repo_dir / "snapshots" / (commit + "0"))
     elif damage == "non_hex_ref":
         ref.write_text("g" * 40)
     else:
@@ -164,6 +167,26 @@ def test_an_unreachable_hub_is_unresolved_not_stale(tmp_path, capsys, monkeypatc
     monkeypatch.setattr(huggingface_hub, "HfApi", NoNetworkApi)  # what the CLI's resolution constructs
     assert lock.main([str(project), "--online", "--check"]) == lock.EXIT_UNRESOLVED
     assert "cannot reach the Hub" in capsys.readouterr().err
+
+
+def test_snapshot_id_names_paths_and_contents(tmp_path):
+    """The staged snapshot id changes when a file is renamed (same bytes, other path) as well as
+    when its bytes change, and the same tree stages to the same id again."""
+    variant = tmp_path / "build" / "torch-cpu"
+    variant.mkdir(parents=True)
+    (variant / "metadata.json").write_text("{}")
+    (variant / "a.py").write_text("x = 1\n")
+    cache = tmp_path / "cache"
+    first = stage_build(tmp_path / "build", cache, REPO_ID, "v1")
+    (variant / "a.py").rename(variant / "b.py")
+    renamed = stage_build(tmp_path / "build", cache, REPO_ID, "v1")
+    assert renamed != first
+    assert (lock.cache_repo_dir(cache, REPO_ID) / "snapshots" / renamed / "build" / "torch-cpu" / "b.py").is_file()
+    (variant / "b.py").write_text("x = 2\n")
+    assert stage_build(tmp_path / "build", cache, REPO_ID, "v1") not in (first, renamed)
+    (variant / "b.py").rename(variant / "a.py")
+    (variant / "a.py").write_text("x = 1\n")
+    assert stage_build(tmp_path / "build", cache, REPO_ID, "v1") == first == staged_ref(cache)
 
 
 # --- the lock pins a commit, through a rebuild ---------------------------------------------------
