@@ -121,6 +121,54 @@ def test_refuses_a_tampered_build_even_when_forced(repo_root, clean_build, tmp_p
     assert "unknown file: injected.py" in capsys.readouterr().err
 
 
+def test_refuses_a_build_without_recorded_git_state_unless_allowed(repo_root, clean_build, tmp_path, capsys):
+    """No kernel commit recorded is not a clean build either: refused like a dirty one."""
+    for variant in verify.find_variants(clean_build):
+        meta = json.loads((variant / "metadata.json").read_text())
+        del meta["provenance"]["kernel"]
+        (variant / "metadata.json").write_text(json.dumps(meta, indent=2))
+    assert dry_run(repo_root, clean_build, tmp_path / "dry") == publish.EXIT_REFUSED
+    assert "an unrecorded git state (kernel commit unknown)" in capsys.readouterr().err
+    assert dry_run(repo_root, clean_build, tmp_path / "dry", "--allow-dirty") == publish.EXIT_OK
+
+
+def test_refuses_a_build_of_another_version(repo_root, clean_build, tmp_path, capsys):
+    """Every variant must carry build.toml's version: a stale build would go up to the wrong branch."""
+    version = publish.read_general(repo_root)["version"]
+    for variant in verify.find_variants(clean_build):  # metadata.json is outside the digest
+        meta = json.loads((variant / "metadata.json").read_text())
+        meta["version"] = version + 1
+        (variant / "metadata.json").write_text(json.dumps(meta, indent=2))
+    assert all(r.intact for r in verify.verify_tree(clean_build))
+    assert dry_run(repo_root, clean_build, tmp_path / "dry") == publish.EXIT_REFUSED
+    assert f"version {version + 1}, but build.toml says fused-geglu version {version}" in capsys.readouterr().err
+    assert not (tmp_path / "dry").exists()
+
+
+def test_dry_run_uploads_no_bytecode(repo_root, clean_build, tmp_path):
+    variant = verify.find_variants(clean_build)[0]
+    (variant / "stray.pyc").write_bytes(b"\0")
+    (variant / "triton_kernels" / "__pycache__").mkdir()
+    (variant / "triton_kernels" / "__pycache__" / "geglu.cpython-311.pyc").write_bytes(b"\0")
+    assert dry_run(repo_root, clean_build, tmp_path / "dry") == publish.EXIT_OK
+    uploaded = [p.relative_to(tmp_path / "dry").as_posix() for p in (tmp_path / "dry").rglob("*")]
+    assert not [p for p in uploaded if p.endswith(".pyc") or "__pycache__" in p], uploaded
+
+
+def test_dry_run_replaces_only_an_earlier_dry_run(repo_root, clean_build, tmp_path, capsys):
+    out = tmp_path / "dry"
+    out.mkdir()
+    (out / "notes.txt").write_text("mine")
+    assert dry_run(repo_root, clean_build, out) == publish.EXIT_USAGE
+    assert "is not empty" in capsys.readouterr().err
+    assert [p.name for p in out.iterdir()] == ["notes.txt"]
+    (out / "notes.txt").unlink()
+    assert dry_run(repo_root, clean_build, out) == publish.EXIT_OK
+    (out / "v1" / "leftover.txt").write_text("from the first run")
+    assert dry_run(repo_root, clean_build, out) == publish.EXIT_OK  # an earlier dry run: replaced
+    assert not (out / "v1" / "leftover.txt").exists() and (out / "plan.json").is_file()
+
+
 def test_refuses_to_shrink_the_api_of_an_existing_branch(repo_root, clean_build, hub_cache, tmp_path, capsys, api_names):
     repo = Path(hub_cache) / "kernels--org--fused-geglu"
     current = repo / "snapshots" / (repo / "refs" / "v1").read_text().strip()
