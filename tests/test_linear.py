@@ -103,6 +103,61 @@ def test_linear_skinny_split_k(kernel, device, backend, dtype, activation, bias_
         assert_close(o, r, e, f"linear {name}")
 
 
+@pytest.mark.parametrize("activation", [None, "gelu_tanh"])
+@pytest.mark.parametrize("k", [37, 0])
+def test_linear_triton_epilogue_row_padded_addend_and_empty_k(kernel, device, activation, k):
+    """The Triton epilogue reads an addend through its own row stride: the rows of a wider buffer
+    (a slice of a fused residual, say) stay a view, so that stride is not N. With K == 0 the
+    product is empty and the result is act(bias), vector or addend. Forward and gradients against
+    float64 (x and W have no elements to differentiate when K == 0)."""
+    _skip_unless(kernel, device, "triton", torch.float32)
+    gen = torch.Generator().manual_seed(k)
+    lead, n = (2, 3), 19
+    x = randn(*lead, k, device=device, gen=gen, requires_grad=k > 0)
+    w = randn(n, k, device=device, scale=max(k, 1) ** -0.5, gen=gen, requires_grad=k > 0)
+    for bias_kind in ("vector", "row_padded addend"):
+        if bias_kind == "vector":
+            b = randn(n, device=device, gen=gen, requires_grad=True)
+        else:
+            b = laid_out((*lead, n), torch.float32, device, "row_padded", gen, requires_grad=True)
+            assert b.stride(-2) != n
+        y = kernel.linear(x, w, b, activation=activation, backend="triton")
+        assert kernel.last_backend("linear") == "triton"
+        o64 = [t.detach().double().requires_grad_(t.requires_grad) for t in (x, w, b)]
+        case = f"K {k}, {activation}, bias {bias_kind}"
+        assert_step_close(y, _eager(*o64, activation), _eager(x, w, b, activation), [x, w, b], o64,
+                          ("dx", "dW", "db"), case, gen)
+
+
+@pytest.mark.parametrize("bias_kind", ["vector", "addend"])
+def test_linear_triton_fused_split_k_reduce_epilogue(kernel, device, bias_kind):
+    """With tile counters (the MLP's decode down projection passes them), each output tile's last
+    split-K program sums the slices and runs the epilogue itself: the bias vector or the [M, N]
+    addend (read through its row stride), the stored pre-activation and GELU, the same bits as the
+    separate reduction kernel and right against float64; the counters are zero again afterwards."""
+    _skip_unless(kernel, device, "triton", torch.float32)
+    tk_linear = importlib.import_module(kernel.__name__ + ".triton_kernels.linear")
+    m, k, n = (3, 70, 19) if device == "cpu" else (5, 2900, 300)
+    cfg = tk_linear.get_config("linear_fwd_act", torch.device(device), torch.float32, m, n, k)
+    tiles = -(-m // cfg.BLOCK_M) * -(-n // cfg.BLOCK_N)
+    assert tk_linear._k_slices(cfg, tiles, k, torch.device(device))[0] > 1, cfg  # the split path
+    gen = torch.Generator().manual_seed(1)
+    x = randn(m, k, device=device, gen=gen)
+    w = randn(n, k, device=device, scale=k**-0.5, gen=gen)
+    b = randn(n, device=device, gen=gen) if bias_kind == "vector" else \
+        laid_out((m, n), torch.float32, device, "row_padded", gen)
+    counters = torch.zeros(tk_linear.splitk_counters(m, n), dtype=torch.int32, device=device)
+    fused, fused_pre = torch.empty(m, n, device=device), torch.empty(m, n, device=device)
+    tk_linear.linear_fwd(fused, x, w, b, "gelu_tanh", fused_pre, tile_counters=counters)
+    assert not counters.any(), "the counters must be re-armed for the next launch"
+    plain, plain_pre = torch.empty(m, n, device=device), torch.empty(m, n, device=device)
+    tk_linear.linear_fwd(plain, x, w, b, "gelu_tanh", plain_pre)
+    assert torch.equal(fused, plain) and torch.equal(fused_pre, plain_pre)
+    pre64 = F.linear(x.double(), w.double(), b.double())
+    assert_close(fused_pre, pre64, F.linear(x, w, b), "fused split-K pre-activation")
+    assert_close(fused, F.gelu(pre64, approximate="tanh"), _eager(x, w, b, "gelu_tanh"), "fused split-K")
+
+
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("activation", [None, "gelu", "gelu_tanh"])
