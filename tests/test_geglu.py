@@ -159,22 +159,24 @@ def test_bad_input_errors_name_the_argument(kernel, device):
 
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_rows_that_overlap_are_computed(kernel, device, backend):
-    """2-D operands whose rows overlap in memory (a broadcast ``g.expand(M, n)``: row stride 0; an
-    ``as_strided`` view with row stride below its width) are valid inputs: computed as eager computes
-    them, not refused by a kernel's row-stride check."""
+    """Operands whose rows overlap in memory (a broadcast ``g.expand(M, n)``: row stride 0, also over
+    the leading dims of an N-D operand; an ``as_strided`` view with row stride below its width) are
+    valid inputs: computed as eager computes them, not refused by a kernel's row-stride check."""
     _skip_unless(kernel, device, backend)
-    one_row = randn(1, 8, device=device).expand(5, 8)
-    overlapping = randn(40, device=device).as_strided((5, 8), (4, 1))
-    up = randn(5, 8, device=device)
-    for name, gate in (("broadcast", one_row), ("overlapping", overlapping)):
-        ref = kernel.reference.geglu_ref(gate, up, "tanh")
-        assert_close(kernel.geglu(gate, up, approximate="tanh", backend=backend), ref, _eager(gate, up, "tanh"), name)
-    packed = randn(1, 16, device=device).expand(5, 16)
-    ref = kernel.reference.geglu_packed_ref(packed, "none")
-    eager = _eager(packed[:, :8], packed[:, 8:], "none")
-    assert_close(kernel.geglu_packed(packed, backend=backend), ref, eager, "packed broadcast")
-    out = torch.empty(5, 8, device=device)
-    assert_close(kernel.gelu_and_mul(out, packed, backend=backend), ref, eager, "gelu_and_mul broadcast")
+    for lead in ((5,), (2, 3)):
+        one_row = randn(8, device=device).expand(*lead, 8)
+        overlapping = randn(40, device=device).as_strided((*lead, 8), (4 * lead[-1], 4, 1)[-len(lead) - 1:])
+        up = randn(*lead, 8, device=device)
+        for name, gate in ((f"broadcast {lead}", one_row), (f"overlapping {lead}", overlapping)):
+            ref = kernel.reference.geglu_ref(gate, up, "tanh")
+            assert_close(kernel.geglu(gate, up, approximate="tanh", backend=backend), ref, _eager(gate, up, "tanh"),
+                         name)
+        packed = randn(16, device=device).expand(*lead, 16)
+        ref = kernel.reference.geglu_packed_ref(packed, "none")
+        eager = _eager(packed[..., :8], packed[..., 8:], "none")
+        assert_close(kernel.geglu_packed(packed, backend=backend), ref, eager, f"packed broadcast {lead}")
+        out = torch.empty(*lead, 8, device=device)
+        assert_close(kernel.gelu_and_mul(out, packed, backend=backend), ref, eager, f"gelu_and_mul broadcast {lead}")
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

@@ -417,16 +417,18 @@ def test_linear_short_path_is_learned_where_auto_picks_aten(kernel, device, monk
 def test_rows_is_a_view_where_the_strides_allow_and_one_copy_where_not(kernel, device):
     """``_views.rows`` (every op's N-D -> 2-D step): a view where the leading dims collapse (the
     contiguous case, a slice of the last dim), one contiguous copy where they do not (a
-    sequence-first x seen batch-first, a transposed last dim), the right values either way, and empty
-    last dims kept. It decides without a failed view: that path cost 15 µs per call on the CPU."""
+    sequence-first x seen batch-first, a transposed last dim) or where the rows would overlap (a
+    broadcast), the right values either way, and empty last dims kept. It decides without a failed view: that path cost 15 µs per call on the CPU."""
     rows = importlib.import_module(f"{kernel.__name__}._views").rows
     base = randn(6, 5, 8, device=device)
     cases = {"contiguous": (base, True), "last-dim slice": (base[..., :3], True),
              "sequence-first": (base.transpose(0, 1), False), "transposed last dim": (base.transpose(1, 2), False),
-             "2-D transposed": (base[0].t(), False)}
+             "2-D transposed": (base[0].t(), False),
+             "broadcast over the leading dims": (randn(8, device=device).expand(6, 5, 8), False)}
     for name, (t, is_view) in cases.items():
         r = rows(t)
         assert r.shape == (t.numel() // t.shape[-1], t.shape[-1]) and r.stride(-1) == 1, name
+        assert r.stride(0) >= r.shape[1], f"{name}: rows overlap"
         assert (r.data_ptr() == t.data_ptr()) == is_view, name
         assert torch.equal(r, t.reshape(-1, t.shape[-1])), name
     assert rows(torch.empty(3, 4, 0, device=device)).shape == (12, 0)

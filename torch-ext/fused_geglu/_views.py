@@ -12,7 +12,7 @@ def rows(t: torch.Tensor) -> torch.Tensor:
 
     Views when the leading dims collapse (contiguous tensors, and the halves of a packed
     [..., 2d] tensor); otherwise (e.g. ``x[::2]`` of a 3-D tensor, or a transposed last dim)
-    one copy is made.
+    one copy is made, and so it is where the rows would overlap (a broadcast, row stride 0).
     """
     n = t.shape[-1]
     if t.dim() == 2 and (t.stride(1) == 1 or n <= 1):
@@ -24,7 +24,10 @@ def rows(t: torch.Tensor) -> torch.Tensor:
     # reshape is a view where the leading dims collapse and a contiguous copy where they do not. (A
     # view attempt caught on failure cost 15 µs per call on the development CPU, most of it building
     # the exception, about 45 µs on the H200's host: what a sequence-first x paid twice per step.)
-    return t.reshape(t.numel() // n if n else math.prod(t.shape[:-1]), n)
+    r = t.reshape(t.numel() // n if n else math.prod(t.shape[:-1]), n)
+    if r.stride(0) < n and r.shape[0] > 1:
+        return r.contiguous()  # rows that overlap, as above (an N-D broadcast over the leading dims)
+    return r
 
 
 def rows_pair(a: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
