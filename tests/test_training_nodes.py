@@ -16,6 +16,7 @@ import torch.nn.functional as F
 from _numerics import assert_close, randn
 from test_geglu import DTYPES
 from test_mlp import _assert_output_and_grads, _inference_operands
+from test_mlp import _eager as _mlp_eager
 
 
 def _modules(kernel):
@@ -234,6 +235,66 @@ def test_packed_geglu_node_matches_the_python_node(kernel, device, monkeypatch, 
     out = fn(torch.empty(*shape[:-1], d, dtype=dtype, device=device), leaf)
     assert torch.equal(out.detach(), outs[0])
     assert torch.equal(torch.autograd.grad(out, leaf, grad)[0], outs[1]), "gelu_and_mul's gradient"
+
+
+def test_nodes_take_upstream_gradients_of_any_layout(kernel, device, monkeypatch):
+    """The gradient arriving at a C++ node need not be contiguous: a permuted one (the output was
+    transposed downstream) and an expanded one (y.sum(): stride 0) give the Python node's bits for
+    geglu, geglu_packed and the MLP, right against float64."""
+    _skip_without_node(kernel, device)
+    gen = torch.Generator().manual_seed(3)
+    lead, h, i = (3, 5), 24, 40
+    gate, up = randn(*lead, i, device=device, gen=gen), randn(*lead, i, device=device, gen=gen)
+    mlp_args = _inference_operands(torch.float32, device, lead, h, i, "all")
+
+    def packed(x):
+        return _gelu_mul(x[..., :i], x[..., i:], "tanh")
+
+    cases = {  # node: (operands, call, float64 reference, eager)
+        "GegluTrain": ((gate, up), lambda g, u: kernel.geglu(g, u, approximate="tanh"),
+                       lambda g, u: _gelu_mul(g, u, "tanh"), lambda g, u: _gelu_mul(g, u, "tanh")),
+        "GegluPackedTrain": ((torch.cat([gate, up], -1),), lambda x: kernel.geglu_packed(x, approximate="tanh"),
+                             packed, packed),
+        "GegluMlpTrain": (mlp_args, lambda *a: kernel.geglu_mlp(*a, approximate="tanh"),
+                          lambda *a: kernel.reference.geglu_mlp_ref(*a, approximate="tanh"),
+                          lambda *a: _mlp_eager(*a, "tanh")),
+    }
+    _, dispatch = _modules(kernel)
+    for node, (operands, call, ref, eager) in cases.items():
+        n = h if node == "GegluMlpTrain" else i
+        for layout, grad in {"permuted": randn(n, *reversed(lead), device=device, gen=gen).permute(2, 1, 0),
+                             "expanded": randn(n, device=device, gen=gen).expand(*lead, n)}.items():
+            assert not grad.is_contiguous()
+            results = {}
+            for cpp in (True, False):
+                monkeypatch.setattr(dispatch, "CPP_AUTOGRAD", cpp)
+                leaves = [t.clone().requires_grad_() for t in operands]
+                y = call(*leaves)
+                assert _is_cpp_node(y, node) == cpp, y.grad_fn.name()
+                results[cpp] = (y.detach(), *torch.autograd.grad(y, leaves, grad))
+            for k, (a, b) in enumerate(zip(results[True], results[False])):
+                assert torch.equal(a, b), f"{node}, {layout} gradient: output/gradient {k} differs from the Python node"
+            _check_against_float64(results[True], list(operands), grad, ref, eager, f"{node}, {layout} gradient")
+
+
+def test_mlp_inference_call_declines_when_any_operand_needs_a_gradient(kernel, device):
+    """The no-graph MLP call (geglu_mlp_infer) serves only steps where nothing needs a gradient: with
+    grad mode on and any one leaf requiring one, bias included, a graph is recorded and that leaf's
+    gradient is right against float64."""
+    _skip_without_node(kernel, device)
+    args = _inference_operands(torch.float32, device, (2, 3), 16, 24, "all")
+    names = ["x", "w_gate", "w_up", "w_down", "b_gate", "b_up", "b_down"]
+    grad = randn(2, 3, 16, device=device)
+    for k, name in enumerate(names):
+        leaves = [a.clone().requires_grad_(j == k) for j, a in enumerate(args)]
+        y = kernel.geglu_mlp(*leaves)
+        assert y.requires_grad, f"{name} needs a gradient, but the output has no graph"
+        (ours,) = torch.autograd.grad(y, leaves[k], grad)
+        a64 = [a.detach().double().requires_grad_(j == k) for j, a in enumerate(args)]
+        (ref,) = torch.autograd.grad(kernel.reference.geglu_mlp_ref(*a64, approximate="tanh"), a64[k], grad.double())
+        le = [a.clone().requires_grad_(j == k) for j, a in enumerate(args)]
+        (eager,) = torch.autograd.grad(_mlp_eager(*le, "tanh"), le[k], grad)
+        assert_close(ours, ref, eager, f"d{name}, the only gradient asked for")
 
 
 @pytest.mark.parametrize("backend", ["auto", "torch"])
