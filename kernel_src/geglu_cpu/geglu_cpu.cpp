@@ -19,10 +19,10 @@
 //       T = exp(-x^2 / 2) * t * Q(t),  t = 1 / (1 + 0.26 |x|)   (Q: degree 8, fit_normal_tail.py beside this)
 //       Phi(x) = 1 - T for x > 0, T otherwise;  gelu'(x) = Phi(x) + x exp(-x^2 / 2) / sqrt(2 pi)
 //     One exp and one division serve the value and the derivative, and the negative tail keeps its
-//     relative accuracy: torch's own fp32 GELU forms 1 + erf, loses up to ~1e-4 relative below x = -3
-//     and returns 0 below x = -5.4. Against float64 over [-13, 13]: within 4 eps of gelu and of gelu'
-//     (the latter against |Phi| + |x phi|, as it is a difference) on the FMA paths; the SSE2 baseline,
-//     without FMA to recover x^2's rounding inside exp, adds up to x^2 / 4 eps in the tail.
+//     relative accuracy: torch 2.13's own fp32 GELU forms 1 + erf and is off by 2e-4 relative in [-3, -1],
+//     up to 27 % in [-5, -3], and mostly 0 below -5.4. Against float64 over [-13, 13]: within 4 eps of
+//     gelu and of gelu' (the latter against |Phi| + |x phi|, as it is a difference) on the FMA paths;
+//     the SSE2 baseline, without FMA to recover x^2's rounding inside exp, adds up to x^2 / 4 eps.
 //     (tests/test_geglu.py::test_cpu_exact_gelu_is_accurate_in_the_tails holds it to 6 eps.)
 //   * Tanh GELU uses 0.5 * (1 + tanh(u)) = sigmoid(2u): gelu = x / (1 + exp(-2u)), and
 //     gelu' = s + x * s * (1 - s) * d(2u)/dx with 1 - s = e * s, again without cancellation.
