@@ -303,6 +303,25 @@ def test_cpu_exact_gelu_is_accurate_in_the_tails(kernel, device):
         assert (err <= b).all(), f"{name}: {err[worst].item():.1f} eps at x = {xs[worst].item():.4f}"
 
 
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("approximate", ["none", "tanh"])
+def test_cpu_gelus_reach_their_limits(kernel, device, dtype, approximate):
+    """For large |x| and at +-inf the CPU kernels give GELU's limits: gelu = x and gelu' = 1 above, gelu
+    and gelu' ~0 below, NaN for NaN. (A clamped exp inside the tanh form once made gelu(-3e38) = -1.8
+    and gelu'(1e30) = inf; the exact form gave NaN at -inf.)"""
+    if device != "cpu" or "cpu" not in kernel.available_backends("cpu"):
+        pytest.skip("the compiled CPU backend")
+    big = torch.finfo(dtype).max
+    pos = torch.tensor([20.0, 1e4, big, float("inf")]).to(dtype)
+    gate = torch.cat([pos, -pos, torch.tensor([float("nan")], dtype=dtype)]).requires_grad_()
+    out = kernel.geglu(gate[None], torch.ones_like(gate)[None], approximate, backend="cpu")[0]
+    (grad,) = torch.autograd.grad(out, gate, torch.ones_like(out))
+    n = len(pos)
+    assert torch.equal(out[:n], pos) and torch.equal(grad[:n], torch.ones_like(pos)), (out, grad)
+    assert out[n:2 * n].float().abs().max() <= 1e-30 and grad[n:2 * n].float().abs().max() <= 1e-30, (out, grad)
+    assert out[-1].isnan() and grad[-1].isnan()
+
+
 def test_cpu_kernels_run_on_torchs_threads(kernel, device):
     """The CPU kernels split their work over torch's intra-op threads. at::parallel_for compiled into a
     .so built without -fopenmp is a serial loop (its OpenMP body is a header template), so the kernels

@@ -27,14 +27,16 @@
 //   * Tanh GELU uses 0.5 * (1 + tanh(u)) = sigmoid(2u): gelu = x / (1 + exp(-2u)), and
 //     gelu' = s + x * s * (1 - s) * d(2u)/dx with 1 - s = e * s, again without cancellation.
 //   * exp: Cody-Waite reduction by ln 2, degree-6 minimax polynomial, exponent built with integer ops;
-//     input clamped to [-87, 88] (results stay normal; NaN propagates).
+//     no clamp inside: both GELUs cap |x| so that its input stays in [-87.6, 88] (results normal; NaN
+//     propagates).
 //   * Work is split by TensorIterator over elements (rows or parts of rows), with a grain of 32768
 //     elements so that small tensors stay on the calling thread.
 //   * FUSED_GEGLU_CPU_ISA=baseline|avx2|avx512|auto (read once, default auto: the widest the CPU has) forces
 //     one code path; meant for tests (tests/test_geglu.py runs each in a process of its own).
 //
 // Known limits: denormal fp16 inputs are read as 0 if the process enables flush-to-zero/denormals-are-zero
-// (torch.set_flush_denormal(True)); +-inf inputs give +-inf or NaN gradients like plain fp32 math would.
+// (torch.set_flush_denormal(True)). Both GELUs reach their limits for large |x| and at +-inf
+// (gelu = x or ~0, gelu' = 1 or ~0); NaN stays NaN.
 // Tanh GELU and exp are within ~1-2 ulp of fp32 on every path; exact GELU's bounds are above.
 
 #include <ATen/MemoryOverlap.h>
@@ -131,7 +133,7 @@ inline __attribute__((always_inline)) float madd(float a, float b, float c) {
   }
 }
 
-// e^x for x in [-87, 88] (results stay normal) or NaN; callers whose x may be outside clamp first.
+// e^x for x in [-87.6, 88] (results stay normal) or NaN; the callers keep x there.
 template <bool FMA>
 inline __attribute__((always_inline)) float exp_in_range(float x) {
   constexpr float kRound = 12582912.0f;  // 1.5 * 2^23: adding it rounds to an integer
@@ -151,17 +153,13 @@ inline __attribute__((always_inline)) float exp_in_range(float x) {
   return p * scale;
 }
 
-template <bool FMA>
-inline __attribute__((always_inline)) float exp_f32(float x) {
-  x = blend(x < -87.0f, -87.0f, x);  // NaN passes through both clamps
-  x = blend(x > 88.0f, 88.0f, x);
-  return exp_in_range<FMA>(x);
-}
+constexpr float kInvSqrt2Pi = 3.98942280e-01f;  // 1 / sqrt(2 pi)
+constexpr float kFar = 13.1f;  // past |x| = 13.1, phi(x) < 1e-37: taken as 0
 
-// Exact GELU's pieces: Phi(x), and exp(-x^2 / 2) for the density (see the header comment).
+// Exact GELU's pieces (see the header comment).
 struct NormalCdf {
-  float cdf;   // Phi(x)
-  float gauss; // exp(-x^2 / 2) = sqrt(2 pi) * phi(x)
+  float cdf;    // Phi(x)
+  float x_pdf;  // x phi(x), 0 past kFar (so gelu'(+-inf) = Phi = 1 or 0, not inf * 0)
 };
 
 template <bool FMA>
@@ -170,14 +168,15 @@ inline __attribute__((always_inline)) NormalCdf normal_cdf(float x) {
   // exp(-x^2 / 2) with the product's rounding error put back: -x/2 is exact, so with FMA `lo` is the
   // exact residual of the rounded h, and e^(h + lo) = e^h (1 + lo). Without FMA lo is 0 (a few ulp more
   // error in the negative tail, where |h| is large). |x| is capped at 13.1 here, so h >= -85.9 needs no
-  // clamp inside exp and +-inf gives a finite h (an inf's residual would be NaN); past 13.1 the tail is
-  // below 1e-37 and t * Q(t) below makes it 0 at +-inf.
-  const float xc = blend(ax > 13.1f, 13.1f, ax);
+  // clamp inside exp and +-inf gives a finite h (an inf's residual would be NaN); past 13.1 the density
+  // is set to 0 (it is below 1e-37), and so is the tail T below.
+  const bool far = ax > kFar;  // false for NaN, which stays NaN throughout
+  const float xc = blend(far, kFar, ax);
   const float half_neg_x = -0.5f * xc;
   const float h = half_neg_x * xc;
   const float lo = madd<FMA>(half_neg_x, xc, -h);
   const float eh = exp_in_range<FMA>(h);
-  const float gauss = madd<FMA>(eh, lo, eh);
+  const float gauss = blend(far, 0.0f, madd<FMA>(eh, lo, eh));
   // Phi(-|x|) = exp(-x^2 / 2) * t * Q(t), t = 1 / (1 + 0.26 |x|): Q a degree-8 fit of the scaled Mills
   // ratio over |x| in [0, 13.2], relative error 2e-8, with Q(1) = 0.5 in fp32 so that Phi(0) is exactly 1/2.
   const float t = 1.0f / madd<FMA>(0.26f, ax, 1.0f);
@@ -193,11 +192,12 @@ inline __attribute__((always_inline)) NormalCdf normal_cdf(float x) {
   const float tail = gauss * (t * q);
   // Phi(x) = 1 - T for x >= +0, T for x <= -0, as one multiply-add on the sign: s = -1 or +1 and
   // Phi = s T + (1 - s) / 2, where (1 - s) / 2 is exactly 1 or 0. (A NaN x has a NaN T.)
-  const float s = std::bit_cast<float>(0xbf800000u ^ (std::bit_cast<uint32_t>(x) & 0x80000000u));
-  return {madd<FMA>(s, tail, madd<FMA>(-0.5f, s, 0.5f)), gauss};
+  const uint32_t sign = std::bit_cast<uint32_t>(x) & 0x80000000u;
+  const float s = std::bit_cast<float>(0xbf800000u ^ sign);
+  const float x_capped = std::bit_cast<float>(std::bit_cast<uint32_t>(xc) | sign);  // x, or +-kFar
+  return {madd<FMA>(s, tail, madd<FMA>(-0.5f, s, 0.5f)), (x_capped * kInvSqrt2Pi) * gauss};
 }
 
-constexpr float kInvSqrt2Pi = 3.98942280e-01f;  // 1 / sqrt(2 pi)
 constexpr float kTanhK0 = 1.59576912e+00f;      // 2 * sqrt(2 / pi)
 constexpr float kTanhK1 = 7.13548162e-02f;      // 2 * sqrt(2 / pi) * 0.044715
 
@@ -205,21 +205,27 @@ constexpr float kTanhK1 = 7.13548162e-02f;      // 2 * sqrt(2 / pi) * 0.044715
 template <bool TANH, bool FMA, bool GRAD>
 inline __attribute__((always_inline)) float gelu(float x, float *dgelu) {
   if constexpr (TANH) {
-    const float x2 = x * x;
-    const float v = x * madd<FMA>(kTanhK1, x2, kTanhK0);  // v = 2u
-    const float e = exp_f32<FMA>(-v);
-    const float sig = 1.0f / (1.0f + e);                  // sigmoid(v) = 0.5 * (1 + tanh u)
+    // |x| capped at 10 (v = 87.3, so exp needs no clamp): past it sigmoid(v) is 1 or below 1.2e-38, and
+    // the cap keeps x^3 and x * (1 - s) * v' finite, so gelu and gelu' reach x and 1, or ~0, for every
+    // finite x and at +-inf, rather than the clamped exp's 6e-39 * x (gelu(-3e38) was -1.8).
+    const bool low = x < -10.0f;  // false for NaN, which stays NaN throughout
+    const float xt = blend(low, -10.0f, blend(x > 10.0f, 10.0f, x));
+    const float x2 = xt * xt;
+    const float v = xt * madd<FMA>(kTanhK1, x2, kTanhK0);  // v = 2u
+    const float e = exp_in_range<FMA>(-v);
+    const float sig = 1.0f / (1.0f + e);                   // sigmoid(v) = 0.5 * (1 + tanh u)
     if constexpr (GRAD) {
       const float dv = madd<FMA>(3.0f * kTanhK1, x2, kTanhK0);
-      *dgelu = madd<FMA>(x * sig, (e * sig) * dv, sig);   // s + x s (1 - s) v'
+      *dgelu = madd<FMA>(xt * sig, (e * sig) * dv, sig);   // s + x s (1 - s) v'
     }
-    return x * sig;
+    return blend(low, xt, x) * sig;
   } else {
     const NormalCdf n = normal_cdf<FMA>(x);
     if constexpr (GRAD) {
-      *dgelu = madd<FMA>(x * kInvSqrt2Pi, n.gauss, n.cdf);  // Phi(x) + x phi(x)
+      *dgelu = n.cdf + n.x_pdf;
     }
-    return x * n.cdf;
+    // Below -kFar, Phi = 0 and gelu is -0: x is capped so that -inf gives -0 too, not -inf * 0.
+    return blend(x < -kFar, -kFar, x) * n.cdf;
   }
 }
 
