@@ -91,7 +91,9 @@ def _host_profile(torch, fwd, model, kernelized, calls: int = 30) -> dict:
 
     import kernels
 
-    k = kernels.get_kernel("org/fused-geglu", version=1, trust_remote_code=True)
+    from fused_geglu_tools.buildconfig import hub_repo_id
+
+    k = kernels.get_kernel(hub_repo_id(ROOT), version=1, trust_remote_code=True)
 
     def direct(self, x):
         return k.geglu_mlp(x, self.gate_proj.weight, self.up_proj.weight, self.down_proj.weight, approximate="tanh")

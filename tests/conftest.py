@@ -2,7 +2,9 @@
 
 ``make test`` builds and stages first; this file points huggingface_hub at the staged cache in
 offline mode *before* anything imports it (huggingface_hub reads these at import time), and
-``kernel`` is ``kernels.get_kernel("org/fused-geglu", version=1, trust_remote_code=True)``.
+``kernel`` is ``kernels.get_kernel(REPO_ID, version=1, trust_remote_code=True)``, ``REPO_ID`` being this
+checkout's ``build.toml`` ``[general.hub] repo-id`` (``org/fused-geglu`` here, a fork's own id in a fork:
+``make stage`` stages under it).
 
 Without a GPU, ``TRITON_INTERPRET=1`` is set too, so the Triton kernels run on CPU tensors
 (slowly: Triton tests keep sizes small there).
@@ -12,12 +14,14 @@ from __future__ import annotations
 
 import os
 import sys
+import tomllib
 from pathlib import Path
 
 import pytest
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
-REPO_ID = "org/fused-geglu"
+REPO_ID = tomllib.loads((REPO_ROOT / "build.toml").read_text())["general"]["hub"]["repo-id"]
+REPO_CACHE_DIR = "kernels--" + REPO_ID.replace("/", "--")  # its folder in a Hub cache
 HUB_CACHE = Path(os.environ.get("FUSED_GEGLU_TEST_CACHE", REPO_ROOT / ".hub-cache"))
 
 os.environ["HF_HUB_OFFLINE"] = "1"

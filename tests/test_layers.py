@@ -10,6 +10,7 @@ import pytest
 import torch
 from torch import nn
 from _numerics import assert_close, randn
+from conftest import REPO_ID
 
 
 class _HostMLP(nn.Module):
@@ -36,7 +37,7 @@ def test_layers_pass_kernels_validation(kernel, name):
         class host(nn.Module):  # noqa: N801 - same arity as the layer's forward
             def forward(self, x):
                 return x
-    _validate_layer(check_cls=host, cls=cls, repo="org/fused-geglu")
+    _validate_layer(check_cls=host, cls=cls, repo=REPO_ID)
 
 
 @pytest.mark.parametrize("approximate", ["tanh", "none"])

@@ -12,6 +12,7 @@ from types import SimpleNamespace
 
 import pytest
 
+from conftest import REPO_CACHE_DIR, REPO_ID
 from fused_geglu_tools import card, digest, publish, verify
 
 CLEAN = {"commit": "0123456789abcdef0123456789abcdef01234567", "dirty": False}
@@ -66,7 +67,7 @@ def test_dry_run_writes_the_exact_trees(repo_root, clean_build, tmp_path, capsys
     assert dry_run(repo_root, clean_build, out) == publish.EXIT_OK
     printed = capsys.readouterr().out
     plan = json.loads((out / "plan.json").read_text())
-    assert plan["repo_type"] == "kernel" and plan["repo_id"] == "org/fused-geglu"
+    assert plan["repo_type"] == "kernel" and plan["repo_id"] == REPO_ID
     assert [c["branch"] for c in plan["commits"]] == ["v1", "main"]
 
     # v1: every variant, byte for byte, and it verifies as uploaded.
@@ -99,7 +100,7 @@ def test_card_lists_the_api_layers_and_version(repo_root, clean_build, tmp_path,
     assert layers, "the kernel should define at least one layer"
     for layer in layers:
         assert f"- `{layer}`" in readme
-    assert 'get_kernel("org/fused-geglu", version=1' in readme and "`v1`" in readme
+    assert f'get_kernel("{REPO_ID}", version=1' in readme and "`v1`" in readme
     for variant in verify.find_variants(clean_build):
         assert f"`{variant.name}`" in readme
     assert "{{" not in readme and "{%" not in readme
@@ -170,7 +171,7 @@ def test_dry_run_replaces_only_an_earlier_dry_run(repo_root, clean_build, tmp_pa
 
 
 def test_refuses_to_shrink_the_api_of_an_existing_branch(repo_root, clean_build, hub_cache, tmp_path, capsys, api_names):
-    repo = Path(hub_cache) / "kernels--org--fused-geglu"
+    repo = Path(hub_cache) / REPO_CACHE_DIR
     current = repo / "snapshots" / (repo / "refs" / "v1").read_text().strip()
     dropped = next(n for n in api_names if n != "layers")
     set_all(clean_build, [n for n in api_names if n != dropped])
@@ -257,7 +258,7 @@ def test_publish_uploads_the_dry_run_trees(repo_root, clean_build, tmp_path, hub
     assert "create_branch" not in hub.names()  # v1 exists already
     uploads = [kw for name, kw in hub.calls if name == "upload_folder"]
     assert [u["revision"] for u in uploads] == ["v1", "main"]
-    assert all(u["repo_type"] == "kernel" and u["repo_id"] == "org/fused-geglu" for u in uploads)
+    assert all(u["repo_type"] == "kernel" and u["repo_id"] == REPO_ID for u in uploads)
     assert uploads[0]["delete_patterns"] == ["build/**", "benchmarks/**"]
     assert hub.uploads["v1"] == files_of(tmp_path / "dry" / "v1")
     assert hub.uploads["main"] == files_of(tmp_path / "dry" / "main")

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from conftest import REPO_ID
 from test_publish import copy_build
 
 FORK = "someone-else/geglu-fork"
@@ -22,7 +23,7 @@ FORK_DIR = "kernels--someone-else--geglu-fork"
 def _fork(repo_root: Path, dst: Path, hub_table: str | None = f'[general.hub]\nrepo-id = "{FORK}"\n') -> Path:
     """A project root like ``repo_root`` whose ``build.toml`` has ``hub_table`` as its hub table."""
     text = (repo_root / "build.toml").read_text()
-    original = '[general.hub]\nrepo-id = "org/fused-geglu"\n'
+    original = f'[general.hub]\nrepo-id = "{REPO_ID}"\n'
     assert original in text, "build.toml's [general.hub] table changed shape: update this test"
     dst.mkdir()
     (dst / "build.toml").write_text(text.replace(original, hub_table or ""))
@@ -43,7 +44,7 @@ def fork(repo_root, tmp_path, monkeypatch) -> Path:
 def test_hub_repo_id_reads_build_toml(repo_root, fork, tmp_path):
     from fused_geglu_tools.buildconfig import BuildConfigError, hub_repo_id, load_build_config
 
-    assert hub_repo_id(repo_root) == "org/fused-geglu"  # the published default
+    assert hub_repo_id(repo_root) == REPO_ID  # this checkout's own (org/fused-geglu as published)
     assert hub_repo_id(fork) == FORK and hub_repo_id() == FORK  # root defaults to FUSED_GEGLU_ROOT
     assert load_build_config(fork).repo_id == FORK
     bare = _fork(repo_root, tmp_path / "bare", hub_table=None)
@@ -94,7 +95,7 @@ def test_publish_and_card_default_to_build_toml(fork, build_dir, tmp_path, capsy
     assert publish.main(["--repo-root", str(fork), "--build-dir", str(build), "--dry-run", str(out)]) == 0
     assert json.loads((out / "plan.json").read_text())["repo_id"] == FORK
     readme = (out / "main" / "README.md").read_text()
-    assert f'get_kernel("{FORK}", version=1' in readme and "org/fused-geglu" not in readme
+    assert f'get_kernel("{FORK}", version=1' in readme and REPO_ID not in readme
     capsys.readouterr()
     assert card.main(["--build-dir", str(build)]) == 0  # --repo-root from FUSED_GEGLU_ROOT
     assert f'get_kernel("{FORK}", version=1' in capsys.readouterr().out

@@ -22,6 +22,7 @@ from torch import nn
 transformers = pytest.importorskip("transformers")
 from kernels import Mode  # noqa: E402
 
+from conftest import REPO_CACHE_DIR  # noqa: E402
 from fused_geglu_tools import transformers as fgt  # noqa: E402
 
 # Relative floor on max|err| / max|ref|, per dtype. fp32: a fused GEMM may sum in another order
@@ -149,7 +150,7 @@ def _no_leaked_marks():
 
 @pytest.fixture
 def lockfile(tmp_path, hub_cache):
-    sha = (hub_cache / "kernels--org--fused-geglu" / "refs" / "v1").read_text().strip()
+    sha = (hub_cache / REPO_CACHE_DIR / "refs" / "v1").read_text().strip()
     path = tmp_path / "kernels.lock"
     path.write_text(json.dumps([{"dependency": {"repo-id": fgt.REPO_ID, "version": fgt.VERSION},
                                  "lock": {"commit": sha}}]))

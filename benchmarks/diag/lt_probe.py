@@ -1,10 +1,16 @@
 """One call of the cuBLASLt linear (``linear_lt``) and its weight-gradient op, checked against ATen.
 
 Run under benchmarks/diag/segv_trace.c (LD_PRELOAD) to get a native backtrace if it crashes."""
+import os
+import sys
+
 import torch
 import kernels
 
-k = kernels.get_kernel("org/fused-geglu", version=1, trust_remote_code=True)
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _diag import REPO_ID  # noqa: E402
+
+k = kernels.get_kernel(REPO_ID, version=1, trust_remote_code=True)
 ops = getattr(torch.ops, k.OPS_ID)
 print("loaded", k.OPS_ID, flush=True)
 torch.manual_seed(0)
