@@ -158,8 +158,9 @@ constexpr float kFar = 13.1f;  // past |x| = 13.1, phi(x) < 1e-37: taken as 0
 
 // Exact GELU's pieces (see the header comment).
 struct NormalCdf {
-  float cdf;    // Phi(x)
-  float x_pdf;  // x phi(x), 0 past kFar (so gelu'(+-inf) = Phi = 1 or 0, not inf * 0)
+  float cdf;       // Phi(x)
+  float pdf;       // phi(x), 0 past kFar
+  float x_capped;  // x, or +-kFar past it (so gelu'(+-inf) = Phi = 1 or 0, not inf * 0)
 };
 
 template <bool FMA>
@@ -195,7 +196,7 @@ inline __attribute__((always_inline)) NormalCdf normal_cdf(float x) {
   const uint32_t sign = std::bit_cast<uint32_t>(x) & 0x80000000u;
   const float s = std::bit_cast<float>(0xbf800000u ^ sign);
   const float x_capped = std::bit_cast<float>(std::bit_cast<uint32_t>(xc) | sign);  // x, or +-kFar
-  return {madd<FMA>(s, tail, madd<FMA>(-0.5f, s, 0.5f)), (x_capped * kInvSqrt2Pi) * gauss};
+  return {madd<FMA>(s, tail, madd<FMA>(-0.5f, s, 0.5f)), kInvSqrt2Pi * gauss, x_capped};
 }
 
 constexpr float kTanhK0 = 1.59576912e+00f;      // 2 * sqrt(2 / pi)
@@ -222,7 +223,7 @@ inline __attribute__((always_inline)) float gelu(float x, float *dgelu) {
   } else {
     const NormalCdf n = normal_cdf<FMA>(x);
     if constexpr (GRAD) {
-      *dgelu = n.cdf + n.x_pdf;
+      *dgelu = madd<FMA>(n.x_capped, n.pdf, n.cdf);  // one rounding: the terms cancel near x = -0.75
     }
     // Below -kFar, Phi = 0 and gelu is -0: x is capped so that -inf gives -0 too, not -inf * 0.
     return blend(x < -kFar, -kFar, x) * n.cdf;
@@ -236,9 +237,11 @@ template <class D, bool TANH, bool FMA>
 inline __attribute__((always_inline)) void fwd_span(void *out_v, const void *gate_v,
                                                     const void *up_v, int64_t n) {
   using T = typename D::T;
-  T *__restrict out = static_cast<T *>(out_v);
-  const T *__restrict gate = static_cast<const T *>(gate_v);
-  const T *__restrict up = static_cast<const T *>(up_v);
+  // No __restrict: out may be gate or up itself (geglu_fwd admits that exact alias, each element read
+  // before it is written at its own index). g++ vectorises this loop behind a runtime overlap check.
+  T *out = static_cast<T *>(out_v);
+  const T *gate = static_cast<const T *>(gate_v);
+  const T *up = static_cast<const T *>(up_v);
   for (int64_t i = 0; i < n; ++i) {
     out[i] = D::store(gelu<TANH, FMA, false>(D::load(gate[i]), nullptr) * D::load(up[i]));
   }
@@ -416,8 +419,8 @@ void for_each_span(at::TensorIterator &iter, int64_t elem_size, Span &&span) {
       kGrainElems);
 }
 
-// The operands as one TensorIterator, without its overlap checks (ours are above: the forward may write
-// over gate itself) or any resizing.
+// The operands as one TensorIterator, without its overlap checks (ours are above: the forward admits out
+// being gate or up itself) or any resizing.
 at::TensorIterator iterate(std::initializer_list<const at::Tensor *> outputs,
                            std::initializer_list<const at::Tensor *> inputs) {
   at::TensorIteratorConfig config;
