@@ -54,7 +54,11 @@ def test_geglu_forward_backward(kernel, device, backend, dtype, approximate, sha
     g64, u64 = gate.detach().double().requires_grad_(), up.detach().double().requires_grad_()
     ref_dg, ref_du = torch.autograd.grad(kernel.reference.geglu_ref(g64, u64, approximate), (g64, u64), grad.double())
     e_dg, e_du = torch.autograd.grad(eager, (gate, up), grad)
-    assert_close(dgate, ref_dg, e_dg, "d gate")
+    # d gate = grad * up * gelu'(gate), and gelu' crosses 0 at gate = -0.75, where it is a difference of
+    # two terms near 0.23: its error is measured against grad * up as well (as test_linear's are against
+    # the gradient without the activation). A one-element draw there failed about 1 run in 200, ours
+    # and eager's errors both a few ulp of those terms (_numerics.errors).
+    assert_close(dgate, ref_dg, e_dg, "d gate", scale_ref=grad.double() * u64.detach())
     assert_close(dup, ref_du, e_du, "d up")
 
 
