@@ -245,8 +245,8 @@ def test_forward_may_write_over_gate(kernel, device, backend, shape):
 def test_cpu_kernels_round_once_from_fp32(kernel, device, dtype, approximate):
     """The compiled CPU pointwise kernels compute in fp32 and round each result once, to nearest even:
     in bf16/fp16 nearly every element (here at least 99.5 %) is the float64 reference rounded to the
-    dtype, and none is more than one ulp away; in fp32 the error is a few ulp. Rows are wider than the
-    kernel's 8192-column blocks (the last, partial block included). The tolerance tests elsewhere
+    dtype, and none is more than one ulp away; in fp32 the error is a few ulp. Six rows of 8192 + 37
+    columns: a length no vector width divides, so every loop's remainder runs. The tolerance tests elsewhere
     (2x eager's error) let a kernel that truncates, or one with a constant off in its 6th digit, pass."""
     if device != "cpu" or "cpu" not in kernel.available_backends("cpu"):
         pytest.skip("the compiled CPU backend (the CUDA kernels' rounding is checked by the tolerance tests)")
