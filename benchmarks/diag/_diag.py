@@ -10,16 +10,18 @@ import json
 import os
 import statistics
 import subprocess
+import sys
 import time
-import tomllib
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
 ROOT = Path(__file__).resolve().parents[2]
-# The Hub id the kernel is staged under: this checkout's build.toml (a fork's own id in a fork).
-REPO_ID = tomllib.loads((ROOT / "build.toml").read_text())["general"]["hub"]["repo-id"]
+sys.path.insert(0, str(ROOT / "src"))  # fused_geglu_tools, as e2e_gemma.py does
+from fused_geglu_tools.buildconfig import hub_repo_id  # noqa: E402
+
+REPO_ID = hub_repo_id(ROOT)  # the Hub id the kernel is staged under (a fork's own id in a fork)
 SHAPES = {"gemma3-1b": (1152, 6912), "gemma-2b": (2048, 16384), "gemma2-9b": (3584, 14336)}  # (H, I)
 # Probed only when asked for by name (kernel_probe.py --shapes blog): the harness's small shape.
 EXTRA_SHAPES = {"blog": (768, 3072)}
