@@ -8,11 +8,22 @@ and the max abs error (scaled by the reference's magnitude) are checked.
 
 from __future__ import annotations
 
+import json
+import os
+
 import torch
 
 FACTOR = 2.0
-# Floors: a few ulps of the dtype, relative to the reference's scale.
-FLOOR = {torch.float32: 2e-6, torch.float16: 2e-3, torch.bfloat16: 1.6e-2}
+# Floors, relative to the reference's scale: what FACTOR x eager alone does not cover where eager is
+# (near) exact, such as a one-element output or one that rounds the way eager's does. Chosen from the
+# errors every comparison of the suite logged ($FUSED_GEGLU_TOLERANCE_LOG, summarised by
+# benchmarks/diag/tolerance_report.py): on the CPU (interpreted Triton, the C++ backend) the largest
+# need was 0.19 eps in bf16, 0.08 eps in fp16 and 0.68 eps in fp32 over about 5000 comparisons, and the
+# H200 run's figures are in benchmarks/results/h200-tests-2026-12-03.md. Before that they were 2 eps
+# (bf16, fp16) and 17 eps (fp32), which let a bf16 result 9x eager's typical error pass.
+_EPS = {dtype: torch.finfo(dtype).eps for dtype in (torch.float32, torch.float16, torch.bfloat16)}
+FLOOR = {torch.float32: 2 * _EPS[torch.float32], torch.float16: _EPS[torch.float16] / 2,
+         torch.bfloat16: _EPS[torch.bfloat16] / 2}
 
 
 def errors(out: torch.Tensor, ref: torch.Tensor, scale_ref: torch.Tensor | None = None) -> tuple[float, float]:
@@ -45,8 +56,23 @@ def assert_close(out: torch.Tensor, ref: torch.Tensor, eager: torch.Tensor, what
                 mag.detach().abs().max().item() if mag.numel() else 0.0) or 1.0
     floor = FLOOR[dtype] + info.smallest_normal * info.eps / scale
     ok = rel <= factor * e_rel + floor and mx <= factor * e_mx + 4 * floor
+    _log(what, dtype, out.device, rel, e_rel, mx, e_mx, factor, ok)
     assert ok, (f"{what} ({dtype}): rel err {rel:.3g} (eager {e_rel:.3g}), max err {mx:.3g} "
                 f"(eager {e_mx:.3g}); allowed {factor}x eager + floor {floor:g}")
+
+
+def _log(what, dtype, device, rel, e_rel, mx, e_mx, factor, ok) -> None:
+    """With $FUSED_GEGLU_TOLERANCE_LOG=PATH, one JSON line per comparison to PATH.<pid> (one file per
+    process: pytest-xdist workers must not interleave): the measured errors beside eager's, which is
+    what the floors above are chosen from (`benchmarks/diag/tolerance_report.py` summarises them)."""
+    path = os.environ.get("FUSED_GEGLU_TOLERANCE_LOG")
+    if not path:
+        return
+    rec = {"test": os.environ.get("PYTEST_CURRENT_TEST", "").rsplit(" (", 1)[0], "what": what,
+           "dtype": str(dtype).removeprefix("torch."), "device": device.type, "rel": rel, "eager_rel": e_rel,
+           "max": mx, "eager_max": e_mx, "factor": factor, "ok": ok}
+    with open(f"{path}.{os.getpid()}", "a") as f:
+        f.write(json.dumps(rec) + "\n")
 
 
 def randn(*shape, dtype=torch.float32, device="cpu", scale=1.0, requires_grad=False, gen=None):
