@@ -2,9 +2,9 @@
 
 ``make test`` builds and stages first; this file points huggingface_hub at the staged cache in
 offline mode *before* anything imports it (huggingface_hub reads these at import time), and
-``kernel`` is ``kernels.get_kernel(REPO_ID, version=1, trust_remote_code=True)``, ``REPO_ID`` being this
-checkout's ``build.toml`` ``[general.hub] repo-id`` (``org/fused-geglu`` here, a fork's own id in a fork:
-``make stage`` stages under it).
+``kernel`` is ``kernels.get_kernel(REPO_ID, version=VERSION, trust_remote_code=True)``, ``REPO_ID`` and
+``VERSION`` being this checkout's ``build.toml`` ``[general.hub] repo-id`` and ``[general] version``
+(``org/fused-geglu`` and 1 here, a fork's own in a fork: ``make stage`` stages ``REPO_ID``'s ``refs/v<VERSION>``).
 
 Without a GPU, ``TRITON_INTERPRET=1`` is set too, so the Triton kernels run on CPU tensors
 (slowly: Triton tests keep sizes small there).
@@ -20,7 +20,9 @@ from pathlib import Path
 import pytest
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
-REPO_ID = tomllib.loads((REPO_ROOT / "build.toml").read_text())["general"]["hub"]["repo-id"]
+_GENERAL = tomllib.loads((REPO_ROOT / "build.toml").read_text())["general"]
+REPO_ID = _GENERAL["hub"]["repo-id"]
+VERSION = _GENERAL["version"]  # the kernel's major version: the branch v<VERSION>
 REPO_CACHE_DIR = "kernels--" + REPO_ID.replace("/", "--")  # its folder in a Hub cache
 HUB_CACHE = Path(os.environ.get("FUSED_GEGLU_TEST_CACHE", REPO_ROOT / ".hub-cache"))
 
@@ -65,7 +67,7 @@ def build_dir() -> Path:
 
 @pytest.fixture(scope="session")
 def hub_cache(build_dir) -> Path:
-    refs = HUB_CACHE / ("kernels--" + REPO_ID.replace("/", "--")) / "refs" / "v1"
+    refs = HUB_CACHE / REPO_CACHE_DIR / "refs" / f"v{VERSION}"
     if not refs.is_file():
         pytest.fail(f"no staged snapshot at {HUB_CACHE}: run `make stage` (make test does it first)")
     return HUB_CACHE
@@ -75,7 +77,7 @@ def hub_cache(build_dir) -> Path:
 def kernel(hub_cache):
     import kernels
 
-    return kernels.get_kernel(REPO_ID, version=1, trust_remote_code=True)
+    return kernels.get_kernel(REPO_ID, version=VERSION, trust_remote_code=True)
 
 
 @pytest.fixture(scope="session")

@@ -11,7 +11,7 @@ import textwrap
 import pytest
 import torch
 from _numerics import randn
-from conftest import REPO_ID
+from conftest import REPO_ID, VERSION
 
 
 class _CountingBackend:
@@ -84,7 +84,7 @@ def test_no_recompile_when_a_compiled_function_is_the_first_caller(hub_cache, de
     in-suite test above never saw, because earlier tests had filled the cache.)"""
     code = textwrap.dedent(f"""
         import torch, kernels
-        k = kernels.get_kernel({REPO_ID!r}, version=1, trust_remote_code=True)
+        k = kernels.get_kernel({REPO_ID!r}, version={VERSION}, trust_remote_code=True)
         graphs = []
         def backend(gm, example_inputs):
             graphs.append(gm)

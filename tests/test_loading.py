@@ -11,7 +11,7 @@ import kernels
 import pytest
 import torch
 
-from conftest import REPO_ID
+from conftest import REPO_ID, VERSION
 
 
 def test_get_kernel_from_staged_cache(kernel, hub_cache):
@@ -25,16 +25,16 @@ def test_get_kernel_from_staged_cache(kernel, hub_cache):
 
 
 def test_has_and_install_kernel_offline(hub_cache):
-    assert kernels.has_kernel(REPO_ID, version=1, trust_remote_code=True)
-    path = kernels.install_kernel(REPO_ID, version=1, local_files_only=True, trust_remote_code=True)
+    assert kernels.has_kernel(REPO_ID, version=VERSION, trust_remote_code=True)
+    path = kernels.install_kernel(REPO_ID, version=VERSION, local_files_only=True, trust_remote_code=True)
     assert (path / "metadata.json").is_file() or any(path.rglob("metadata.json"))
 
 
 def test_missing_version_is_reported(hub_cache):
     import pytest
 
-    with pytest.raises(Exception, match="2"):
-        kernels.get_kernel(REPO_ID, version=2, trust_remote_code=True)
+    with pytest.raises(Exception, match=str(VERSION + 1)):  # a version that was not staged
+        kernels.get_kernel(REPO_ID, version=VERSION + 1, trust_remote_code=True)
 
 
 def _run(code: str, **env) -> subprocess.CompletedProcess:
@@ -47,7 +47,7 @@ def test_local_kernels_override(build_dir):
     # A separate process: one process can hold one copy of an ops namespace.
     code = (
         "import kernels, torch\n"
-        f"k = kernels.get_kernel({REPO_ID!r}, version=1)\n"
+        f"k = kernels.get_kernel({REPO_ID!r}, version={VERSION})\n"
         "g = torch.randn(3, 5)\n"
         "print(k.__file__)\n"
         "print(float((k.geglu(g, g) - k.reference.geglu_ref(g, g)).abs().max()))\n"
@@ -65,7 +65,7 @@ def test_kernels_info_cli(hub_cache, build_dir):
     # kernels 0.17.2's `info` on a repo id lists the Hub tree even with HF_HUB_OFFLINE=1, so offline
     # it is pointed at the staged snapshot folder (a repo with build/), which is what the cache holds.
     repo_dir = hub_cache / ("kernels--" + REPO_ID.replace("/", "--"))
-    snapshot = repo_dir / "snapshots" / (repo_dir / "refs" / "v1").read_text().strip()
+    snapshot = repo_dir / "snapshots" / (repo_dir / "refs" / f"v{VERSION}").read_text().strip()
     for target in ([str(build_dir.parent)], [str(snapshot)]):
         proc = subprocess.run([*cli, "info", *target, "--json"], capture_output=True, text=True)
         if "ModuleNotFoundError" in proc.stderr and "kernels" not in proc.stderr.splitlines()[-1]:

@@ -19,12 +19,15 @@ from types import SimpleNamespace
 
 import pytest
 
-from conftest import REPO_ID
+from conftest import REPO_ID, VERSION
 from fused_geglu_tools import digest, lock, verify
 from fused_geglu_tools.stage import stage_build
 
 
-def write_project(path: Path, deps: str = f'"{REPO_ID}" = 1') -> Path:
+BRANCH = f"v{VERSION}"  # this checkout's version branch, which `make stage` staged
+
+
+def write_project(path: Path, deps: str = f'"{REPO_ID}" = {VERSION}') -> Path:
     path.mkdir(parents=True, exist_ok=True)
     (path / "pyproject.toml").write_text(
         textwrap.dedent(
@@ -42,7 +45,7 @@ def write_project(path: Path, deps: str = f'"{REPO_ID}" = 1') -> Path:
     return path
 
 
-def staged_ref(cache: Path, ref: str = "v1") -> str:
+def staged_ref(cache: Path, ref: str = BRANCH) -> str:
     return (lock.cache_repo_dir(cache, REPO_ID) / "refs" / ref).read_text().strip()
 
 
@@ -60,11 +63,11 @@ def test_offline_lock_from_staged_cache(hub_cache, tmp_path, capsys):
     project = write_project(tmp_path / "consumer")
     assert lock.main([str(project)]) == lock.EXIT_OK  # conftest sets HF_HUB_OFFLINE=1 and HF_HUB_CACHE
     commit = staged_ref(Path(hub_cache))
-    assert parse_lock(project / "kernels.lock") == {(REPO_ID, 1): commit}
+    assert parse_lock(project / "kernels.lock") == {(REPO_ID, VERSION): commit}
     assert json.loads((project / "kernels.lock").read_text()) == [
-        {"dependency": {"repo-id": REPO_ID, "version": 1}, "lock": {"commit": commit}}
+        {"dependency": {"repo-id": REPO_ID, "version": VERSION}, "lock": {"commit": commit}}
     ]
-    assert f"{REPO_ID} v1 -> {commit}" in capsys.readouterr().out
+    assert f"{REPO_ID} {BRANCH} -> {commit}" in capsys.readouterr().out
     assert lock.main([str(project), "--check"]) == lock.EXIT_OK
 
 
@@ -73,7 +76,7 @@ def test_check_reports_a_stale_or_missing_lock(hub_cache, tmp_path):
     assert lock.main([str(project), "--check"]) == lock.EXIT_STALE  # no kernels.lock yet
     assert not (project / "kernels.lock").exists()
     (project / "kernels.lock").write_text(
-        json.dumps([{"dependency": {"repo-id": REPO_ID, "version": 1}, "lock": {"commit": "f" * 40}}])
+        json.dumps([{"dependency": {"repo-id": REPO_ID, "version": VERSION}, "lock": {"commit": "f" * 40}}])
     )
     assert lock.main([str(project), "--check"]) == lock.EXIT_STALE
 
@@ -83,20 +86,20 @@ def test_unknown_version_and_missing_cache_fail(hub_cache, tmp_path, capsys):
     assert lock.main([str(project)]) == lock.EXIT_UNRESOLVED
     assert "v7 is not in the cache" in capsys.readouterr().err
     assert not (project / "kernels.lock").exists()
-    project = write_project(tmp_path / "other", f'"{REPO_ID}" = 1')
+    project = write_project(tmp_path / "other")
     assert lock.main([str(project), "--cache-dir", str(tmp_path / "empty-cache")]) == lock.EXIT_UNRESOLVED
 
 
 @pytest.mark.parametrize("damage", ["short_ref", "long_ref", "non_hex_ref", "no_snapshot_build"])
 def test_a_damaged_cache_is_unresolved_not_locked(hub_cache, tmp_path, capsys, damage):
-    """A cache whose refs/v1 is not a full commit id, or whose snapshot lacks build/, resolves nothing:
+    """A cache whose refs/v<N> is not a full commit id, or whose snapshot lacks build/, resolves nothing:
     a lock must name a commit the loader can find offline."""
     import shutil
 
     cache = tmp_path / "cache"
     shutil.copytree(hub_cache, cache, symlinks=True)
     repo_dir = lock.cache_repo_dir(cache, REPO_ID)
-    ref = repo_dir / "refs" / "v1"
+    ref = repo_dir / "refs" / BRANCH
     commit = ref.read_text().strip()
     if damage == "short_ref":
         ref.write_text(commit[:12])
@@ -107,7 +110,7 @@ def test_a_damaged_cache_is_unresolved_not_locked(hub_cache, tmp_path, capsys, d
         ref.write_text("g" * 40)
     else:
         shutil.rmtree(repo_dir / "snapshots" / commit / "build")
-    project = write_project(tmp_path / "consumer", f'"{REPO_ID}" = 1')
+    project = write_project(tmp_path / "consumer")
     assert lock.main([str(project), "--cache-dir", str(cache)]) == lock.EXIT_UNRESOLVED
     err = capsys.readouterr().err
     assert ("not a 40-hex commit" in err) if damage != "no_snapshot_build" else ("build is not in the cache" in err), err
@@ -176,16 +179,16 @@ def test_snapshot_id_names_paths_and_contents(tmp_path):
     (variant / "metadata.json").write_text("{}")
     (variant / "a.py").write_text("x = 1\n")
     cache = tmp_path / "cache"
-    first = stage_build(tmp_path / "build", cache, REPO_ID, "v1")
+    first = stage_build(tmp_path / "build", cache, REPO_ID, BRANCH)
     (variant / "a.py").rename(variant / "b.py")
-    renamed = stage_build(tmp_path / "build", cache, REPO_ID, "v1")
+    renamed = stage_build(tmp_path / "build", cache, REPO_ID, BRANCH)
     assert renamed != first
     assert (lock.cache_repo_dir(cache, REPO_ID) / "snapshots" / renamed / "build" / "torch-cpu" / "b.py").is_file()
     (variant / "b.py").write_text("x = 2\n")
-    assert stage_build(tmp_path / "build", cache, REPO_ID, "v1") not in (first, renamed)
+    assert stage_build(tmp_path / "build", cache, REPO_ID, BRANCH) not in (first, renamed)
     (variant / "b.py").rename(variant / "a.py")
     (variant / "a.py").write_text("x = 1\n")
-    assert stage_build(tmp_path / "build", cache, REPO_ID, "v1") == first == staged_ref(cache)
+    assert stage_build(tmp_path / "build", cache, REPO_ID, BRANCH) == first == staged_ref(cache)
 
 
 # --- the lock pins a commit, through a rebuild ---------------------------------------------------
@@ -250,16 +253,16 @@ def rebuild_with_change(build: Path, dst: Path) -> Path:
 
 def test_lock_keeps_loading_the_locked_commit_after_a_new_build(build_dir, tmp_path):
     cache = tmp_path / "cache"
-    first = stage_build(build_dir, cache, REPO_ID, "v1")
+    first = stage_build(build_dir, cache, REPO_ID, BRANCH)
     project = write_project(tmp_path / "consumer")
     assert lock.main([str(project), "--offline", "--cache-dir", str(cache)]) == lock.EXIT_OK
     lockfile = project / "kernels.lock"
-    assert parse_lock(lockfile) == {(REPO_ID, 1): first}
+    assert parse_lock(lockfile) == {(REPO_ID, VERSION): first}
 
     second_build = rebuild_with_change(build_dir, tmp_path / "build2")
     assert all(r.intact for r in verify.verify_tree(second_build))
-    second = stage_build(second_build, cache, REPO_ID, "v1")
-    assert second != first and staged_ref(cache) == second  # v1 moved on ...
+    second = stage_build(second_build, cache, REPO_ID, BRANCH)
+    assert second != first and staged_ref(cache) == second  # the branch moved on ...
 
     found = run_loader(cache, lockfile)  # ... the lock did not
     snapshot = str(lock.cache_repo_dir(cache, REPO_ID) / "snapshots" / first) + os.sep

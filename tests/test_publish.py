@@ -12,9 +12,10 @@ from types import SimpleNamespace
 
 import pytest
 
-from conftest import REPO_CACHE_DIR, REPO_ID
+from conftest import REPO_CACHE_DIR, REPO_ID, VERSION
 from fused_geglu_tools import card, digest, publish, verify
 
+BRANCH = f"v{VERSION}"  # the branch publish writes: build.toml's version
 CLEAN = {"commit": "0123456789abcdef0123456789abcdef01234567", "dirty": False}
 
 
@@ -68,19 +69,19 @@ def test_dry_run_writes_the_exact_trees(repo_root, clean_build, tmp_path, capsys
     printed = capsys.readouterr().out
     plan = json.loads((out / "plan.json").read_text())
     assert plan["repo_type"] == "kernel" and plan["repo_id"] == REPO_ID
-    assert [c["branch"] for c in plan["commits"]] == ["v1", "main"]
+    assert [c["branch"] for c in plan["commits"]] == [BRANCH, "main"]
 
-    # v1: every variant, byte for byte, and it verifies as uploaded.
+    # v<VERSION>: every variant, byte for byte, and it verifies as uploaded.
     for variant in verify.find_variants(clean_build):
-        uploaded = out / "v1" / "build" / variant.name
+        uploaded = out / BRANCH / "build" / variant.name
         assert files_of(uploaded) == files_of(variant)
         assert verify.verify_variant(uploaded).intact
         assert f"build/{variant.name}/metadata.json" in printed
     bench = repo_root / "benchmarks"
     for script in bench.glob("benchmark*.py"):
-        assert (out / "v1" / "benchmarks" / script.name).read_bytes() == script.read_bytes()
-    assert not any(p.name == "__pycache__" for p in (out / "v1").rglob("*"))
-    assert set(plan["files"]["v1"]) == set(files_of(out / "v1"))
+        assert (out / BRANCH / "benchmarks" / script.name).read_bytes() == script.read_bytes()
+    assert not any(p.name == "__pycache__" for p in (out / BRANCH).rglob("*"))
+    assert set(plan["files"][BRANCH]) == set(files_of(out / BRANCH))
 
     # main: only the card.
     assert set(files_of(out / "main")) == {"README.md"}
@@ -100,7 +101,7 @@ def test_card_lists_the_api_layers_and_version(repo_root, clean_build, tmp_path,
     assert layers, "the kernel should define at least one layer"
     for layer in layers:
         assert f"- `{layer}`" in readme
-    assert f'get_kernel("{REPO_ID}", version=1' in readme and "`v1`" in readme
+    assert f'get_kernel("{REPO_ID}", version={VERSION}' in readme and f"`{BRANCH}`" in readme
     for variant in verify.find_variants(clean_build):
         assert f"`{variant.name}`" in readme
     assert "{{" not in readme and "{%" not in readme
@@ -165,19 +166,19 @@ def test_dry_run_replaces_only_an_earlier_dry_run(repo_root, clean_build, tmp_pa
     assert [p.name for p in out.iterdir()] == ["notes.txt"]
     (out / "notes.txt").unlink()
     assert dry_run(repo_root, clean_build, out) == publish.EXIT_OK
-    (out / "v1" / "leftover.txt").write_text("from the first run")
+    (out / BRANCH / "leftover.txt").write_text("from the first run")
     assert dry_run(repo_root, clean_build, out) == publish.EXIT_OK  # an earlier dry run: replaced
-    assert not (out / "v1" / "leftover.txt").exists() and (out / "plan.json").is_file()
+    assert not (out / BRANCH / "leftover.txt").exists() and (out / "plan.json").is_file()
 
 
 def test_refuses_to_shrink_the_api_of_an_existing_branch(repo_root, clean_build, hub_cache, tmp_path, capsys, api_names):
     repo = Path(hub_cache) / REPO_CACHE_DIR
-    current = repo / "snapshots" / (repo / "refs" / "v1").read_text().strip()
+    current = repo / "snapshots" / (repo / "refs" / BRANCH).read_text().strip()
     dropped = next(n for n in api_names if n != "layers")
     set_all(clean_build, [n for n in api_names if n != dropped])
     assert dry_run(repo_root, clean_build, tmp_path / "dry", "--compare-to", str(current)) == publish.EXIT_REFUSED
     err = capsys.readouterr().err
-    assert f"would remove {dropped} from __all__" in err and "bump `version` in build.toml to 2" in err
+    assert f"would remove {dropped} from __all__" in err and f"bump `version` in build.toml to {VERSION + 1}" in err
     assert not (tmp_path / "dry").exists()
 
 
@@ -215,7 +216,7 @@ class FakeHub:
         self.calls.append(("list_repo_refs", {"repo_id": repo_id, "repo_type": repo_type}))
         if not self.repo_exists:
             raise RepositoryNotFoundError("no such repo", response=SimpleNamespace(headers={}, status_code=404, request=None))
-        names = ["main"] + (["v1"] if self.branch_tree else [])
+        names = ["main"] + ([BRANCH] if self.branch_tree else [])
         return SimpleNamespace(branches=[SimpleNamespace(name=n, target_commit="a" * 40) for n in names])
 
     def list_repo_files(self, repo_id, *, revision=None, repo_type=None):
@@ -255,12 +256,12 @@ def test_publish_uploads_the_dry_run_trees(repo_root, clean_build, tmp_path, hub
     hub = FakeHub(current)
     argv = ["--repo-root", str(repo_root), "--build-dir", str(clean_build)]
     assert publish.main(argv, api=hub) == publish.EXIT_OK
-    assert "create_branch" not in hub.names()  # v1 exists already
+    assert "create_branch" not in hub.names()  # the version branch exists already
     uploads = [kw for name, kw in hub.calls if name == "upload_folder"]
-    assert [u["revision"] for u in uploads] == ["v1", "main"]
+    assert [u["revision"] for u in uploads] == [BRANCH, "main"]
     assert all(u["repo_type"] == "kernel" and u["repo_id"] == REPO_ID for u in uploads)
     assert uploads[0]["delete_patterns"] == ["build/**", "benchmarks/**"]
-    assert hub.uploads["v1"] == files_of(tmp_path / "dry" / "v1")
+    assert hub.uploads[BRANCH] == files_of(tmp_path / "dry" / BRANCH)
     assert hub.uploads["main"] == files_of(tmp_path / "dry" / "main")
     create = next(kw for name, kw in hub.calls if name == "create_repo")
     assert create["repo_type"] == "kernel" and create["exist_ok"] is True
@@ -271,7 +272,7 @@ def test_publish_creates_repo_and_branch_when_missing(repo_root, clean_build, hu
     assert publish.main(["--repo-root", str(repo_root), "--build-dir", str(clean_build)], api=hub) == publish.EXIT_OK
     assert hub.names()[-4:] == ["create_repo", "create_branch", "upload_folder", "upload_folder"]
     branch = next(kw for name, kw in hub.calls if name == "create_branch")
-    assert branch["branch"] == "v1" and branch["repo_type"] == "kernel"
+    assert branch["branch"] == BRANCH and branch["repo_type"] == "kernel"
 
 
 def test_publish_uploads_nothing_when_the_api_would_shrink(repo_root, clean_build, tmp_path, hub_online, api_names):

@@ -13,11 +13,12 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO_ID
+from conftest import REPO_ID, VERSION
 from test_publish import copy_build
 
 FORK = "someone-else/geglu-fork"
 FORK_DIR = "kernels--someone-else--geglu-fork"
+BRANCH = f"v{VERSION}"  # these forks keep this checkout's version
 
 
 def _fork(repo_root: Path, dst: Path, hub_table: str | None = f'[general.hub]\nrepo-id = "{FORK}"\n') -> Path:
@@ -62,13 +63,13 @@ def test_stage_defaults_to_build_toml(fork, build_dir, tmp_path, capsys):
 
     cache = tmp_path / "cache"
     assert cli.main(["stage", "--build", str(build_dir), "--cache", str(cache)]) == 0
-    assert f"staged {FORK}@v1 = " in capsys.readouterr().out
+    assert f"staged {FORK}@{BRANCH} = " in capsys.readouterr().out
     assert sorted(p.name for p in cache.iterdir()) == [FORK_DIR]
-    sha = (cache / FORK_DIR / "refs" / "v1").read_text()
+    sha = (cache / FORK_DIR / "refs" / BRANCH).read_text()
     assert stage_build(build_dir, tmp_path / "cache2") == sha  # the function's default too
     assert sorted(p.name for p in (tmp_path / "cache2").iterdir()) == [FORK_DIR]
     assert cli.main(["stage", "--build", str(build_dir), "--cache", str(cache), "--repo-id", "other/x"]) == 0
-    assert (cache / "kernels--other--x" / "refs" / "v1").read_text() == sha
+    assert (cache / "kernels--other--x" / "refs" / BRANCH).read_text() == sha
 
 
 def test_transformers_helpers_default_to_build_toml(repo_root, tmp_path, monkeypatch):
@@ -80,8 +81,8 @@ def test_transformers_helpers_default_to_build_toml(repo_root, tmp_path, monkeyp
     mapping = repos.kernel_mapping(source="hub", linear_bias=True)
     ids = {repo._repo_id for devices in mapping.values() for modes in devices.values() for repo in modes.values()}
     assert ids == {FORK}
-    assert repos.describe_source("hub") == f"{FORK}@v1"
-    assert repos.describe_source("hub", repo_id="other/x") == "other/x@v1"
+    assert repos.describe_source("hub") == f"{FORK}@{BRANCH}"
+    assert repos.describe_source("hub", repo_id="other/x") == f"other/x@{BRANCH}"
     assert repos.layer_repository("FusedGeGLUMLP", repo_id="other/x")._repo_id == "other/x"
     if config.kernel_config_support() is None:
         assert config.kernel_config().kernel_mapping["FusedGeGLUMLP"][0] == f"{FORK}:GeGLUMLP"
@@ -95,12 +96,12 @@ def test_publish_and_card_default_to_build_toml(fork, build_dir, tmp_path, capsy
     assert publish.main(["--repo-root", str(fork), "--build-dir", str(build), "--dry-run", str(out)]) == 0
     assert json.loads((out / "plan.json").read_text())["repo_id"] == FORK
     readme = (out / "main" / "README.md").read_text()
-    assert f'get_kernel("{FORK}", version=1' in readme and REPO_ID not in readme
+    assert f'get_kernel("{FORK}", version={VERSION}' in readme and REPO_ID not in readme
     capsys.readouterr()
     assert card.main(["--build-dir", str(build)]) == 0  # --repo-root from FUSED_GEGLU_ROOT
-    assert f'get_kernel("{FORK}", version=1' in capsys.readouterr().out
+    assert f'get_kernel("{FORK}", version={VERSION}' in capsys.readouterr().out
     assert card.main(["--build-dir", str(build), "--repo-id", "other/x"]) == 0
-    assert 'get_kernel("other/x", version=1' in capsys.readouterr().out
+    assert f'get_kernel("other/x", version={VERSION}' in capsys.readouterr().out
 
 
 def test_demo_defaults_to_build_toml(fork, build_dir, repo_root, tmp_path):
@@ -108,12 +109,12 @@ def test_demo_defaults_to_build_toml(fork, build_dir, repo_root, tmp_path):
     from fused_geglu_tools.stage import stage_build
 
     cache = tmp_path / "cache"
-    stage_build(build_dir, cache, FORK, "v1")  # only the fork's id is in this cache
+    stage_build(build_dir, cache, FORK, BRANCH)  # only the fork's id is in this cache
     path = os.pathsep.join([str(repo_root / "src"), *sys.path[1:]])
     env = {**os.environ, "PYTHONPATH": path, "FUSED_GEGLU_ROOT": str(fork)}
     proc = subprocess.run([sys.executable, "-m", "fused_geglu_tools", "demo", "--cache", str(cache)], cwd=fork,
                           env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert f"loaded {FORK}@v1 through kernels.get_kernel" in proc.stdout
+    assert f"loaded {FORK}@{BRANCH} through kernels.get_kernel" in proc.stdout
     if "transformers not installed" not in proc.stdout:
-        assert f"GeGLUMLP from {FORK}@v1" in proc.stdout, proc.stdout
+        assert f"GeGLUMLP from {FORK}@{BRANCH}" in proc.stdout, proc.stdout

@@ -23,7 +23,7 @@ transformers = pytest.importorskip("transformers")
 from kernels import Mode  # noqa: E402
 
 import _numerics  # noqa: E402
-from conftest import REPO_CACHE_DIR  # noqa: E402
+from conftest import REPO_CACHE_DIR, VERSION  # noqa: E402
 from fused_geglu_tools import transformers as fgt  # noqa: E402
 
 # Relative floor on max|err| / max|ref|, per dtype: the kernel tests' (tests/_numerics.py), which
@@ -158,7 +158,7 @@ def _no_leaked_marks():
 
 @pytest.fixture
 def lockfile(tmp_path, hub_cache):
-    sha = (hub_cache / REPO_CACHE_DIR / "refs" / "v1").read_text().strip()
+    sha = (hub_cache / REPO_CACHE_DIR / "refs" / f"v{VERSION}").read_text().strip()
     path = tmp_path / "kernels.lock"
     path.write_text(json.dumps([{"dependency": {"repo-id": fgt.REPO_ID, "version": fgt.VERSION},
                                  "lock": {"commit": sha}}]))
@@ -238,7 +238,7 @@ def test_kernel_mapping_covers_every_device_and_mode(build_dir, lockfile):
 
 
 def test_hub_version_resolves_from_the_staged_cache(kernel):
-    # LayerRepository(version=1) asks the Hub for refs; with HF_HUB_OFFLINE=1 it must read refs/v1.
+    # LayerRepository(version=VERSION) asks the Hub for refs; with HF_HUB_OFFLINE=1 it must read refs/v<VERSION>.
     layer = fgt.layer_repository(fgt.GEGLU_MLP).load()
     assert layer.__qualname__ == "GeGLUMLP" and layer.__module__ == kernel.layers.__name__
 
