@@ -71,14 +71,19 @@ def _repo_id_of(general: dict, path: Path) -> str | None:
     return repo_id
 
 
-def hub_repo_id(root: Path | None = None) -> str:
-    """``build.toml``'s ``[general.hub] repo-id``: the one place the Hub repository id is written.
+def _version_of(general: dict, path: Path) -> int:
+    version = general.get("version")
+    if version is None:
+        raise BuildConfigError(f"{path}: no [general] version: set it to the kernel's major version (e.g. version = 1)")
+    if isinstance(version, bool) or not isinstance(version, int) or version < 1:
+        raise BuildConfigError(
+            f"{path}: [general] version = {version!r} is not a major version (a positive integer, the Hub branch v<N>)"
+        )
+    return version
 
-    Every tool's default comes from here (stage, demo, publish, the card, the transformers
-    helpers); their ``--repo-id`` / ``repo_id=`` arguments override it. ``root`` defaults to
-    :func:`fused_geglu_tools.cli.repo_root`. Reads only the TOML (no kernels parser, no source
-    checks), so it is cheap to call per command.
-    """
+
+def _read_general(root: Path | None) -> tuple[dict, Path]:
+    """``build.toml``'s ``[general]`` table and the file's path; TOML only, no other checks."""
     if root is None:
         from .cli import repo_root
 
@@ -88,10 +93,35 @@ def hub_repo_id(root: Path | None = None) -> str:
         general = tomllib.loads(path.read_text())["general"]
     except (OSError, tomllib.TOMLDecodeError, KeyError) as exc:
         raise BuildConfigError(f"{path}: cannot read [general]: {exc!r}") from exc
+    return general, path
+
+
+def hub_repo_id(root: Path | None = None) -> str:
+    """``build.toml``'s ``[general.hub] repo-id``: the one place the Hub repository id is written.
+
+    Every tool's default comes from here (stage, demo, publish, the card, the transformers
+    helpers); their ``--repo-id`` / ``repo_id=`` arguments override it. ``root`` defaults to
+    :func:`fused_geglu_tools.cli.repo_root`. Reads only the TOML (no kernels parser, no source
+    checks), so it is cheap to call per command.
+    """
+    general, path = _read_general(root)
     repo_id = _repo_id_of(general, path)
     if repo_id is None:
         raise BuildConfigError(f'{path}: no repository id: set [general.hub] repo-id = "ORG/NAME" (or pass --repo-id)')
     return repo_id
+
+
+def hub_version(root: Path | None = None) -> int:
+    """``build.toml``'s ``[general] version``: the kernel's major version, whose Hub branch is ``v<version>``.
+
+    The one place it is written: stage and publish name their branch after it, and the demo and
+    the transformers helpers load that branch by default (``--ref`` / ``version=`` / ``revision=``
+    override it where they take one). ``root`` defaults to :func:`fused_geglu_tools.cli.repo_root`;
+    TOML only, like :func:`hub_repo_id`. Raises :class:`BuildConfigError` naming the file and the
+    key when the key is missing or not a positive int (:func:`load_build_config` checks the same).
+    """
+    general, path = _read_general(root)
+    return _version_of(general, path)
 
 
 def load_build_config(root: Path) -> BuildConfig:
@@ -126,7 +156,7 @@ def load_build_config(root: Path) -> BuildConfig:
     return BuildConfig(
         root=root,
         name=general["name"],
-        version=int(general["version"]),
+        version=_version_of(general, path),
         license=general["license"],
         backends=tuple(general["backends"]),
         repo_id=_repo_id_of(general, path),
