@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from conftest import VERSION
-from test_repo_id import _fork
+from test_repo_id import FORK, FORK_DIR, _fork
 
 OTHER = VERSION + 1  # the fork's version: 2 here
 
@@ -78,3 +78,22 @@ def test_hub_version_without_build_toml(tmp_path):
 
     with pytest.raises(BuildConfigError, match=r"build\.toml: cannot read \[general\]"):
         hub_version(tmp_path)
+
+
+# --- the tools in a fork with version = OTHER ----------------------------------------------------
+
+
+def test_stage_defaults_to_build_toml_version(fork, build_dir, tmp_path, capsys):
+    from fused_geglu_tools import cli
+    from fused_geglu_tools.stage import stage_build
+
+    cache = tmp_path / "cache"
+    assert cli.main(["stage", "--build", str(build_dir), "--cache", str(cache)]) == 0
+    assert f"staged {FORK}@v{OTHER} = " in capsys.readouterr().out
+    refs = cache / FORK_DIR / "refs"
+    assert sorted(p.name for p in refs.iterdir()) == [f"v{OTHER}"]
+    sha = (refs / f"v{OTHER}").read_text()
+    assert stage_build(build_dir, tmp_path / "cache2") == sha  # the function's default too
+    assert sorted(p.name for p in (tmp_path / "cache2" / FORK_DIR / "refs").iterdir()) == [f"v{OTHER}"]
+    assert cli.main(["stage", "--build", str(build_dir), "--cache", str(cache), "--ref", "v9"]) == 0  # overrides
+    assert (refs / "v9").read_text() == sha

@@ -41,7 +41,7 @@ def _cmd_build(argv: list[str]) -> int:
 
 
 def _cmd_stage(argv: list[str]) -> int:
-    from .buildconfig import BuildConfigError, hub_repo_id, load_build_config
+    from .buildconfig import BuildConfigError, hub_repo_id, hub_version
     from .stage import stage_build
 
     root = repo_root()
@@ -53,7 +53,7 @@ def _cmd_stage(argv: list[str]) -> int:
     args = p.parse_args(argv)
     try:
         repo_id = args.repo_id or hub_repo_id(root)
-        ref = args.ref or f"v{load_build_config(root).version}"
+        ref = args.ref or f"v{hub_version(root)}"
         sha = stage_build(args.build, args.cache, repo_id, ref, benchmarks_dir=root / "benchmarks")
     except (FileNotFoundError, BuildConfigError) as exc:
         print(f"fused-geglu stage: error: {exc}", file=sys.stderr)

@@ -1,9 +1,10 @@
 """Lay ``build/`` out as a local Hub snapshot, so ``kernels`` loads it offline like a download.
 
 Layout (what huggingface_hub's cache holds for a ``kernel``-type repo; ``ORG/NAME`` is
-``build.toml``'s ``[general.hub] repo-id`` unless ``--repo-id`` names another)::
+``build.toml``'s ``[general.hub] repo-id`` unless ``--repo-id`` names another, and ``N`` its
+``[general] version`` unless ``--ref`` names another branch)::
 
-    <cache>/kernels--ORG--NAME/refs/v1                  # 40-hex snapshot id
+    <cache>/kernels--ORG--NAME/refs/vN                  # 40-hex snapshot id
     <cache>/kernels--ORG--NAME/snapshots/<id>/build/<variant>/...
     <cache>/kernels--ORG--NAME/snapshots/<id>/benchmarks/benchmark*.py
 
@@ -46,16 +47,21 @@ def snapshot_id(files: list[tuple[str, Path]]) -> str:
     return h.hexdigest()
 
 
-def stage_build(build_dir: Path, cache_dir: Path, repo_id: str | None = None, ref: str = "v1",
+def stage_build(build_dir: Path, cache_dir: Path, repo_id: str | None = None, ref: str | None = None,
                 benchmarks_dir: Path | None = None) -> str:
     """Stage ``build_dir`` into ``cache_dir`` under ``ref``; returns the snapshot id.
 
-    ``repo_id`` defaults to ``build.toml``'s ``[general.hub] repo-id`` (:func:`.buildconfig.hub_repo_id`).
+    ``repo_id`` defaults to ``build.toml``'s ``[general.hub] repo-id`` (:func:`.buildconfig.hub_repo_id`),
+    ``ref`` to ``v<version>``, its ``[general] version`` (:func:`.buildconfig.hub_version`).
     """
     if repo_id is None:
         from .buildconfig import hub_repo_id
 
         repo_id = hub_repo_id()
+    if ref is None:
+        from .buildconfig import hub_version
+
+        ref = f"v{hub_version()}"
     build_dir = Path(build_dir)
     files = _staged_files(build_dir, benchmarks_dir)
     if not any(rel.startswith("build/") for rel, _ in files):
