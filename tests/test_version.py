@@ -6,6 +6,9 @@ that version's branch, so a tool that falls back to a literal ``1`` fails here."
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -28,11 +31,28 @@ def _fork_version(repo_root: Path, dst: Path, version_line: str | None = f"versi
     return root
 
 
+def _env(repo_root: Path, **extra: str) -> dict[str, str]:
+    # The child must see the same packages as this process, and this checkout's tools.
+    path = os.pathsep.join([str(repo_root / "src"), *sys.path[1:]])
+    env = {k: v for k, v in os.environ.items() if k not in ("KERNELS_CACHE", "LOCAL_KERNELS")}
+    return {**env, "PYTHONPATH": path, "HF_HUB_OFFLINE": "1", **extra}
+
+
 @pytest.fixture
 def fork(repo_root, tmp_path, monkeypatch) -> Path:
     root = _fork_version(repo_root, tmp_path / "fork")
     monkeypatch.setenv("FUSED_GEGLU_ROOT", str(root))  # what `fused-geglu ...` run in the fork finds
     return root
+
+
+@pytest.fixture
+def fork_cache(build_dir, tmp_path) -> Path:
+    """A Hub cache that holds the fork's repository at ``v<OTHER>`` only (no ``v<VERSION>``)."""
+    from fused_geglu_tools.stage import stage_build
+
+    cache = tmp_path / "cache"
+    stage_build(build_dir, cache, FORK, f"v{OTHER}")
+    return cache
 
 
 # --- hub_version ---------------------------------------------------------------------------------
@@ -97,3 +117,63 @@ def test_stage_defaults_to_build_toml_version(fork, build_dir, tmp_path, capsys)
     assert sorted(p.name for p in (tmp_path / "cache2" / FORK_DIR / "refs").iterdir()) == [f"v{OTHER}"]
     assert cli.main(["stage", "--build", str(build_dir), "--cache", str(cache), "--ref", "v9"]) == 0  # overrides
     assert (refs / "v9").read_text() == sha
+
+
+def test_transformers_helpers_ask_for_build_toml_version(repo_root, tmp_path, monkeypatch):
+    import fused_geglu_tools.transformers as fgt
+    from fused_geglu_tools.buildconfig import BuildConfigError
+    from fused_geglu_tools.hf import config, repos
+
+    monkeypatch.setattr(repos, "CHECKOUT", _fork_version(repo_root, tmp_path / "fork"))
+    assert fgt.VERSION == repos.VERSION == OTHER
+    mapping = repos.kernel_mapping(source="hub", linear_bias=True)
+    hub_repos = [repo for devices in mapping.values() for modes in devices.values() for repo in modes.values()]
+    assert {(repo._repo_id, repo._version, repo._revision) for repo in hub_repos} == {(FORK, OTHER, None)}
+    assert repos.describe_source("hub") == f"{FORK}@v{OTHER}"
+    # version= and revision= still override it.
+    assert repos.layer_repository(fgt.GEGLU_MLP, version=7)._version == 7
+    assert repos.describe_source("hub", version=7) == f"{FORK}@v7"
+    pinned = repos.layer_repository(fgt.GEGLU_MLP, revision="main")
+    assert (pinned._version, pinned._revision) == (None, "main")
+    assert repos.describe_source("hub", revision="main") == f"{FORK}@main"
+    if config.kernel_config_support() is None:
+        assert config.kernel_config().kernel_mapping["FusedGeGLUMLP"] == (
+            f"{FORK}:GeGLUMLP", {"version": OTHER, "trust_remote_code": True})
+        assert config.kernel_config(revision="main").kernel_mapping["FusedGeGLUMLP"][1]["revision"] == "main"
+    # Read when asked for: a build.toml without a version breaks only what needs one.
+    monkeypatch.setattr(repos, "CHECKOUT", _fork_version(repo_root, tmp_path / "bare", None))
+    with pytest.raises(BuildConfigError, match=r"no \[general\] version"):
+        fgt.VERSION
+    assert repos.layer_repository(fgt.GEGLU_MLP, version=OTHER)._version == OTHER
+
+
+KERNELIZE_SCRIPT = r"""
+import sys
+from pathlib import Path
+
+from kernels import Mode
+from transformers import GemmaConfig, GemmaForCausalLM
+
+from fused_geglu_tools.hf import repos
+
+repos.CHECKOUT = Path(sys.argv[1])  # the fork's build.toml, as if this were the fork's checkout
+import fused_geglu_tools.transformers as fgt
+
+print("VERSION", fgt.VERSION)
+print("layer", fgt.layer_repository(fgt.GEGLU_MLP).load().__qualname__)
+cfg = GemmaConfig(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                  num_key_value_heads=1, head_dim=16, max_position_embeddings=64)
+model = GemmaForCausalLM(cfg).eval()
+print("report", fgt.kernelize(model, mode=Mode.INFERENCE, device="cpu", source="hub"))
+"""
+
+
+def test_kernelize_loads_build_toml_version(repo_root, tmp_path, fork_cache):
+    """kernels resolves ``v<OTHER>`` from a cache that holds nothing else, through the helpers' defaults."""
+    pytest.importorskip("transformers")
+    fork = _fork_version(repo_root, tmp_path / "fork")
+    proc = subprocess.run([sys.executable, "-c", KERNELIZE_SCRIPT, str(fork)], cwd=tmp_path, capture_output=True,
+                          text=True, timeout=600, env=_env(repo_root, HF_HUB_CACHE=str(fork_cache)))
+    assert proc.returncode == 0, proc.stdout + proc.stderr[-4000:]
+    assert f"VERSION {OTHER}\n" in proc.stdout and "layer GeGLUMLP\n" in proc.stdout
+    assert f"GeGLUMLP from {FORK}@v{OTHER}" in proc.stdout, proc.stdout

@@ -11,7 +11,7 @@ transformers 5.x)::
     print(report)                                 # what was replaced (class, count, layer) and refused, why
     report = kernelize(model, mode=Mode.INFERENCE | Mode.TORCH_COMPILE, source="local")
 
-Sources: ``"hub"`` (``REPO_ID``, which is ``build.toml``'s ``[general.hub] repo-id``, version 1),
+Sources: ``"hub"`` (``REPO_ID`` at ``VERSION``: ``build.toml``'s ``[general.hub] repo-id`` and ``version``),
 ``"locked"`` (``lockfile=`` a kernels.lock), ``"local"`` (this checkout's ``build/``).
 ``linear_bias=True`` also replaces biased ``nn.Linear``s with the bias-epilogue linear. The
 families and their refusal rules are in :data:`FAMILIES` / :func:`refusal`; the KernelConfig route
@@ -42,7 +42,7 @@ from .hf.marking import (
     marked,
     unmark_classes,
 )
-from .hf.repos import DEVICES, MODES, VERSION, kernel_mapping, layer_repository
+from .hf.repos import DEVICES, MODES, kernel_mapping, layer_repository
 
 __all__ = [
     "DEVICES",
@@ -79,9 +79,10 @@ __all__ = [
 
 
 def __getattr__(name: str):
-    # REPO_ID: build.toml's [general.hub] repo-id, read when asked for (see hf.repos).
-    if name == "REPO_ID":
+    # REPO_ID and VERSION: build.toml's [general.hub] repo-id and [general] version, read when
+    # asked for (see hf.repos).
+    if name in ("REPO_ID", "VERSION"):
         from .hf import repos
 
-        return repos.default_repo_id()
+        return getattr(repos, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

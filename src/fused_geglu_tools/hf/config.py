@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Iterable, Literal
 
 from .families import GEGLU_MLP, KERNEL_LAYERS
-from .repos import VERSION, default_build_dir, default_repo_id
+from .repos import default_build_dir, default_repo_id, default_version
 
 
 def kernel_config_support() -> str | None:
@@ -50,7 +50,7 @@ def kernel_config_support() -> str | None:
 
 
 def kernel_config(layers: Iterable[str] = (GEGLU_MLP,), *, source: Literal["hub", "local"] = "hub",
-                  repo_id: str | None = None, version: int | None = VERSION, revision: str | None = None,
+                  repo_id: str | None = None, version: int | None = None, revision: str | None = None,
                   build_dir: Path | None = None, trust_remote_code: bool = True):
     """A ``transformers.KernelConfig`` mapping the given marked layer names to fused-geglu.
 
@@ -58,7 +58,8 @@ def kernel_config(layers: Iterable[str] = (GEGLU_MLP,), *, source: Literal["hub"
     for Gemma-style models, ``FusedT5GeGLUDense`` for the T5 family, ``FusedLinearBias`` when
     ``nn.Linear`` is marked. ``inherit_mapping=False``: transformers' default mapping would
     try to download kernels-community repos. A fresh config is needed for every
-    ``set_use_kernels`` call. ``repo_id`` defaults to ``build.toml``'s ``[general.hub] repo-id``.
+    ``set_use_kernels`` call. ``repo_id`` defaults to ``build.toml``'s ``[general.hub] repo-id`` and
+    ``version`` to its ``[general] version``; ``revision=`` replaces the version.
     """
     from transformers import KernelConfig
 
@@ -71,7 +72,10 @@ def kernel_config(layers: Iterable[str] = (GEGLU_MLP,), *, source: Literal["hub"
         if source == "local":
             mapping[name] = f"{Path(build_dir or default_build_dir()).resolve()}:{layer}"
         elif source == "hub":
-            meta = {"revision": revision} if revision is not None else {"version": version}
+            if revision is not None:
+                meta = {"revision": revision}
+            else:
+                meta = {"version": version if version is not None else default_version()}
             mapping[name] = (f"{repo_id or default_repo_id()}:{layer}", {**meta, "trust_remote_code": trust_remote_code})
         else:
             raise ValueError(f"KernelConfig supports source='hub' or 'local', got {source!r}")

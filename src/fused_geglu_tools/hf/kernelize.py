@@ -131,8 +131,8 @@ def kernelize(model: nn.Module, *, mode: Mode | None = None, device: str | torch
         mode: a ``kernels.Mode``; default ``TRAINING`` if ``model.training`` else ``INFERENCE``.
             Add ``Mode.TORCH_COMPILE`` when the model will be compiled.
         device: ``"cuda"`` / ``"cpu"``; default inferred from the first parameter.
-        source: ``"hub"`` (``build.toml``'s repo id, v1), ``"locked"`` (a kernels.lock) or ``"local"``
-            (this checkout's ``build/``). ``repo_kwargs`` refine it: ``version``, ``revision``,
+        source: ``"hub"`` (``build.toml``'s repo id and version), ``"locked"`` (a kernels.lock) or
+            ``"local"`` (this checkout's ``build/``). ``repo_kwargs`` refine it: ``version``, ``revision``,
             ``lockfile``, ``build_dir``, ``repo_id``, ``trust_remote_code``.
         linear_bias: also replace plain ``nn.Linear`` modules that have a bias.
         use_fallback: passed to ``kernels.kernelize`` (True: keep the original forward when there

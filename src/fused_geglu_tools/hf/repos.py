@@ -2,10 +2,11 @@
 
 Sources:
 
-- ``"hub"``: ``LayerRepository(REPO_ID, version=1)`` (the ``v1`` branch; offline, with
-  ``HF_HUB_OFFLINE=1``, the ``refs/v1`` of the local Hub cache). ``revision=`` pins a branch, tag or
-  commit instead. ``REPO_ID`` is this checkout's ``build.toml`` ``[general.hub] repo-id``
-  (``org/fused-geglu`` here), read when asked; ``repo_id=`` names another.
+- ``"hub"``: ``LayerRepository(REPO_ID, version=VERSION)`` (the ``v<VERSION>`` branch; offline,
+  with ``HF_HUB_OFFLINE=1``, the ``refs/v<VERSION>`` of the local Hub cache). ``version=`` asks for
+  another major version, ``revision=`` pins a branch, tag or commit instead. ``REPO_ID`` and
+  ``VERSION`` are this checkout's ``build.toml`` ``[general.hub] repo-id`` and ``[general] version``
+  (``org/fused-geglu`` and 1 here), read when asked; ``repo_id=`` names another repository.
 - ``"locked"``: ``LockedLayerRepository`` reading the commit from a ``kernels.lock`` (kernels 0.17
   format); ``lockfile=None`` lets kernels look in the calling package's metadata.
 - ``"local"``: ``LocalLayerRepository`` on this checkout's ``build/`` (or ``build_dir=``); kernels
@@ -19,10 +20,8 @@ from typing import Iterable, Literal
 
 from kernels import LayerRepository, LocalLayerRepository, LockedLayerRepository, Mode
 
-from ..buildconfig import hub_repo_id
+from ..buildconfig import hub_repo_id, hub_version
 from .families import GEGLU_MLP, KERNEL_LAYERS, LINEAR_BIAS, T5_GEGLU_DENSE
-
-VERSION = 1
 
 Source = Literal["hub", "locked", "local"]
 SOURCES: tuple[str, ...] = ("hub", "locked", "local")
@@ -51,19 +50,28 @@ def default_repo_id() -> str:
     return hub_repo_id(CHECKOUT)
 
 
+def default_version() -> int:
+    """This checkout's ``build.toml`` ``[general] version`` (the ``"hub"`` default: branch ``v<version>``)."""
+    return hub_version(CHECKOUT)
+
+
 def __getattr__(name: str):
-    # REPO_ID is read from build.toml when asked for (not at import: a build.toml without a
-    # repo id must not break importing the integration, and a fork's build.toml is what counts).
+    # REPO_ID and VERSION are read from build.toml when asked for (not at import: a build.toml without
+    # a repo id must not break importing the integration, and a fork's build.toml is what counts).
     if name == "REPO_ID":
         return default_repo_id()
+    if name == "VERSION":
+        return default_version()
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-def layer_repository(layer: str, *, source: Source = "hub", repo_id: str | None = None, version: int | None = VERSION,
+def layer_repository(layer: str, *, source: Source = "hub", repo_id: str | None = None, version: int | None = None,
                      revision: str | None = None, lockfile: Path | None = None, build_dir: Path | None = None,
                      trust_remote_code: bool = True):
     """The kernels repository object for mapping name ``layer`` (e.g. ``"FusedGeGLUMLP"``).
 
+    ``source="hub"`` loads major version ``version`` (``None``: ``build.toml``'s, :data:`VERSION`)
+    of ``repo_id`` (``None``: ``build.toml``'s, :data:`REPO_ID`); ``revision=`` overrides the version.
     ``trust_remote_code`` defaults to True because ``org`` is not a trusted kernel publisher;
     offline (``HF_HUB_OFFLINE=1``) kernels skips that check anyway.
     """
@@ -75,6 +83,8 @@ def layer_repository(layer: str, *, source: Source = "hub", repo_id: str | None 
     if source == "hub":
         if revision is not None:
             version = None
+        elif version is None:
+            version = default_version()
         return LayerRepository(repo_id, layer_name=layer_name, version=version, revision=revision,
                                trust_remote_code=trust_remote_code)
     if source == "locked":
@@ -108,14 +118,16 @@ def kernel_mapping(*, source: Source = "hub", layers: Iterable[str] | None = Non
     return mapping
 
 
-def describe_source(source: Source, *, repo_id: str | None = None, version: int | None = VERSION,
+def describe_source(source: Source, *, repo_id: str | None = None, version: int | None = None,
                     revision: str | None = None, lockfile: Path | None = None, build_dir: Path | None = None,
                     **_ignored) -> str:
-    """Short human label for a report line, e.g. ``org/fused-geglu@v1``."""
+    """Short human label for a report line, e.g. ``org/fused-geglu@v1``; defaults as :func:`layer_repository`."""
     if source in ("hub", "locked") and repo_id is None:
         repo_id = default_repo_id()
     if source == "hub":
-        return f"{repo_id}@{revision}" if revision is not None else f"{repo_id}@v{version}"
+        if revision is not None:
+            return f"{repo_id}@{revision}"
+        return f"{repo_id}@v{version if version is not None else default_version()}"
     if source == "locked":
         return f"{repo_id} locked by {lockfile or 'package metadata'}"
     return str(Path(build_dir) if build_dir is not None else default_build_dir())
