@@ -177,3 +177,13 @@ def test_kernelize_loads_build_toml_version(repo_root, tmp_path, fork_cache):
     assert proc.returncode == 0, proc.stdout + proc.stderr[-4000:]
     assert f"VERSION {OTHER}\n" in proc.stdout and "layer GeGLUMLP\n" in proc.stdout
     assert f"GeGLUMLP from {FORK}@v{OTHER}" in proc.stdout, proc.stdout
+
+
+def test_demo_loads_build_toml_version(fork, fork_cache, repo_root):
+    """`make demo` in the fork: get_kernel and the kernelize step both load ``v<OTHER>``."""
+    proc = subprocess.run([sys.executable, "-m", "fused_geglu_tools", "demo", "--cache", str(fork_cache)], cwd=fork,
+                          env=_env(repo_root, FUSED_GEGLU_ROOT=str(fork)), capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout + proc.stderr[-4000:]
+    assert f"loaded {FORK}@v{OTHER} through kernels.get_kernel" in proc.stdout
+    if "transformers not installed" not in proc.stdout:
+        assert f"GeGLUMLP from {FORK}@v{OTHER}" in proc.stdout, proc.stdout

@@ -11,7 +11,7 @@ import sys
 import time
 from pathlib import Path
 
-from .buildconfig import BuildConfigError, hub_repo_id
+from .buildconfig import BuildConfigError, hub_repo_id, hub_version
 from .cli import repo_root
 
 
@@ -85,7 +85,7 @@ def _speed(k, torch) -> list[tuple[str, float, float]]:
     return out
 
 
-def _kernelize_gemma(torch, device: str, repo_id: str) -> None:
+def _kernelize_gemma(torch, device: str, repo_id: str, version: int) -> None:
     try:
         from transformers import GemmaConfig, GemmaForCausalLM
     except ImportError as exc:
@@ -104,7 +104,8 @@ def _kernelize_gemma(torch, device: str, repo_id: str) -> None:
     with torch.no_grad():
         before = model.generate(prompt, max_new_tokens=12, do_sample=False)
         logits_before = model(prompt).logits
-    report = integration.kernelize(model, mode=Mode.INFERENCE, device=device, source="hub", repo_id=repo_id)
+    report = integration.kernelize(model, mode=Mode.INFERENCE, device=device, source="hub", repo_id=repo_id,
+                                   version=version)
     print(report)
     with torch.no_grad():
         after = model.generate(prompt, max_new_tokens=12, do_sample=False)
@@ -126,6 +127,7 @@ def main(argv: list[str]) -> int:
     args = p.parse_args(argv)
     try:
         args.repo_id = args.repo_id or hub_repo_id(root)
+        version = hub_version(root)  # the branch v<version> that `fused-geglu stage` staged
     except BuildConfigError as exc:
         print(f"fused-geglu demo: error: {exc}", file=sys.stderr)
         return 1
@@ -136,9 +138,9 @@ def main(argv: list[str]) -> int:
     import torch
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    k = kernels.get_kernel(args.repo_id, version=1, trust_remote_code=True)
+    k = kernels.get_kernel(args.repo_id, version=version, trust_remote_code=True)
     variant = Path(k.__file__).parent
-    print(f"loaded {args.repo_id}@v1 through kernels.get_kernel (offline, staged cache {args.cache})")
+    print(f"loaded {args.repo_id}@v{version} through kernels.get_kernel (offline, staged cache {args.cache})")
     print(f"  variant:  {variant.name}")
     print(f"  ops id:   {k.OPS_ID}  (compiled library: {'yes' if k.HAS_COMPILED_OPS else 'no, Triton/ATen only'})")
     print(f"  device:   {device}; backends available: {', '.join(k.available_backends(device))}")
@@ -147,7 +149,7 @@ def main(argv: list[str]) -> int:
     for name, shape, backend, err in _ops_table(k, torch, device):
         print(f"{name:26} {shape:24} {backend:18} {err:.2e}")
     print()
-    _kernelize_gemma(torch, device, args.repo_id)
+    _kernelize_gemma(torch, device, args.repo_id, version)
     if device == "cuda":
         print()
         print(f"{'speed (median of 20, CUDA events)':48} {'eager us':>10} {'fused us':>10} {'speed-up':>9}")
