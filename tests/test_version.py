@@ -7,6 +7,7 @@ that version's branch, so a tool that falls back to a literal ``1`` fails here."
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -187,3 +188,21 @@ def test_demo_loads_build_toml_version(fork, fork_cache, repo_root):
     assert f"loaded {FORK}@v{OTHER} through kernels.get_kernel" in proc.stdout
     if "transformers not installed" not in proc.stdout:
         assert f"GeGLUMLP from {FORK}@v{OTHER}" in proc.stdout, proc.stdout
+
+
+def test_fork_test_suite_loads_build_toml_version(repo_root, tmp_path, fork_cache):
+    """The fork's own tests (conftest's ``kernel`` and ``hub_cache``, test_loading.py) find ``v<OTHER>``."""
+    fork = _fork_version(repo_root, tmp_path / "fork")
+    shutil.copytree(repo_root / "tests", fork / "tests", ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copy(repo_root / "pyproject.toml", fork)  # pytest's settings
+    (fork / "build").symlink_to(repo_root / "build")
+    tests = ["test_get_kernel_from_staged_cache", "test_has_and_install_kernel_offline",
+             "test_missing_version_is_reported"]
+    proc = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-o", "addopts=",
+         "tests/test_loading.py", "-k", " or ".join(tests)],
+        cwd=fork, capture_output=True, text=True, timeout=600,
+        env=_env(repo_root, FUSED_GEGLU_TEST_CACHE=str(fork_cache)),
+    )
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
+    assert f"{len(tests)} passed" in proc.stdout, proc.stdout[-2000:]
