@@ -91,9 +91,9 @@ def _host_profile(torch, fwd, model, kernelized, calls: int = 30) -> dict:
 
     import kernels
 
-    from fused_geglu_tools.buildconfig import hub_repo_id
+    from fused_geglu_tools.buildconfig import hub_repo_id, hub_version
 
-    k = kernels.get_kernel(hub_repo_id(ROOT), version=1, trust_remote_code=True)
+    k = kernels.get_kernel(hub_repo_id(ROOT), version=hub_version(ROOT), trust_remote_code=True)
 
     def direct(self, x):
         return k.geglu_mlp(x, self.gate_proj.weight, self.up_proj.weight, self.down_proj.weight, approximate="tanh")

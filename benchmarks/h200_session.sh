@@ -83,8 +83,8 @@ for phase in "$@"; do
 import os, sys, importlib.util, torch
 os.environ["HF_HUB_OFFLINE"] = "1"; os.environ["HF_HUB_CACHE"] = os.path.abspath(".hub-cache")
 import kernels, tomllib
-repo_id = tomllib.loads(open("build.toml").read())["general"]["hub"]["repo-id"]
-k = kernels.get_kernel(repo_id, version=1, trust_remote_code=True)
+general = tomllib.loads(open("build.toml").read())["general"]
+k = kernels.get_kernel(general["hub"]["repo-id"], version=general["version"], trust_remote_code=True)
 spec = importlib.util.spec_from_file_location("selftest", "kernel_src/gemm_sm90/selftest.py")
 st = importlib.util.module_from_spec(spec); spec.loader.exec_module(st)
 name = sys.argv[1]

@@ -19,9 +19,10 @@ import torch.nn.functional as F
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "src"))  # fused_geglu_tools, as e2e_gemma.py does
-from fused_geglu_tools.buildconfig import hub_repo_id  # noqa: E402
+from fused_geglu_tools.buildconfig import hub_repo_id, hub_version  # noqa: E402
 
 REPO_ID = hub_repo_id(ROOT)  # the Hub id the kernel is staged under (a fork's own id in a fork)
+VERSION = hub_version(ROOT)  # and its major version: `make stage` stages refs/v<VERSION>
 SHAPES = {"gemma3-1b": (1152, 6912), "gemma-2b": (2048, 16384), "gemma2-9b": (3584, 14336)}  # (H, I)
 # Probed only when asked for by name (kernel_probe.py --shapes blog): the harness's small shape.
 EXTRA_SHAPES = {"blog": (768, 3072)}
@@ -36,7 +37,7 @@ def load_kernel():
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     import kernels
 
-    return kernels.get_kernel(REPO_ID, version=1, trust_remote_code=True)
+    return kernels.get_kernel(REPO_ID, version=VERSION, trust_remote_code=True)
 
 
 def kernel_times(fn, steps: int, warmup: int = 3) -> dict[str, float]:

@@ -36,7 +36,7 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _diag import EXTRA_SHAPES, REPO_ID, SHAPES, environment  # noqa: E402
+from _diag import EXTRA_SHAPES, REPO_ID, SHAPES, VERSION, environment  # noqa: E402
 
 L2_BYTES = 60 << 20
 
@@ -46,7 +46,7 @@ def load():
     os.environ.setdefault("HF_HUB_CACHE", os.path.abspath(".hub-cache"))
     import kernels
 
-    k = kernels.get_kernel(REPO_ID, version=1, trust_remote_code=True)
+    k = kernels.get_kernel(REPO_ID, version=VERSION, trust_remote_code=True)
     return k, getattr(torch.ops, k.OPS_ID)
 
 

@@ -8,9 +8,9 @@ import torch
 import kernels
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _diag import REPO_ID  # noqa: E402
+from _diag import REPO_ID, VERSION  # noqa: E402
 
-k = kernels.get_kernel(REPO_ID, version=1, trust_remote_code=True)
+k = kernels.get_kernel(REPO_ID, version=VERSION, trust_remote_code=True)
 ops = getattr(torch.ops, k.OPS_ID)
 print("loaded", k.OPS_ID, flush=True)
 torch.manual_seed(0)

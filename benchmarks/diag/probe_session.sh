@@ -8,7 +8,8 @@ export PYTHONPATH=/tmp/site:$PWD/src PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 HF_HUB_
 gcc -shared -fPIC -O1 -o /tmp/segv_trace.so benchmarks/diag/segv_trace.c
 cat > /tmp/lt_probe.py <<'PY'
 import os, sys, tomllib, torch, kernels
-k = kernels.get_kernel(tomllib.loads(open("build.toml").read())["general"]["hub"]["repo-id"], version=1, trust_remote_code=True)
+general = tomllib.loads(open("build.toml").read())["general"]
+k = kernels.get_kernel(general["hub"]["repo-id"], version=general["version"], trust_remote_code=True)
 ops = getattr(torch.ops, k.OPS_ID)
 print("loaded", k.OPS_ID, flush=True)
 x = torch.randn(64, 128, device="cuda", dtype=torch.bfloat16)
