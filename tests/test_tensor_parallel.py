@@ -42,12 +42,12 @@ def _worker(rank: int, world: int, port: int, bias: bool, result_dir: str) -> No
     from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
     import kernels
-    from conftest import REPO_ID
+    from conftest import REPO_ID, VERSION
     from test_layers import _HostMLP
 
     dist.init_process_group("gloo", rank=rank, world_size=world)
     try:
-        k = kernels.get_kernel(REPO_ID, version=1, trust_remote_code=True)
+        k = kernels.get_kernel(REPO_ID, version=VERSION, trust_remote_code=True)
         torch.manual_seed(0)  # same weights and inputs on every rank
         h, i = 24, 40
         ref = _HostMLP(h, i, nn.GELU(approximate="tanh"), bias=bias)
@@ -109,12 +109,12 @@ def _hf_worker(rank: int, world: int, port: int, model_dir: str, result_dir: str
     from transformers import GemmaForCausalLM
 
     import kernels
-    from conftest import REPO_ID
+    from conftest import REPO_ID, VERSION
     from fused_geglu_tools.transformers import kernelize
 
     dist.init_process_group("gloo", rank=rank, world_size=world)
     try:
-        k = kernels.get_kernel(REPO_ID, version=1, trust_remote_code=True)
+        k = kernels.get_kernel(REPO_ID, version=VERSION, trust_remote_code=True)
         single = GemmaForCausalLM.from_pretrained(model_dir)
         tp = GemmaForCausalLM.from_pretrained(model_dir, tp_plan="auto")
         ids = torch.randint(0, 128, (2, 9), generator=torch.Generator().manual_seed(1))

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO_CACHE_DIR
+from conftest import REPO_CACHE_DIR, VERSION
 from fused_geglu_tools import digest, verify
 
 CLEAN = {"commit": "0123456789abcdef0123456789abcdef01234567", "dirty": False}
@@ -133,7 +133,7 @@ def test_variants_must_agree_on_version(build_copy):
 
 def test_staged_snapshot_verifies(hub_cache):
     repo = Path(hub_cache) / REPO_CACHE_DIR
-    snapshot = repo / "snapshots" / (repo / "refs" / "v1").read_text().strip()
+    snapshot = repo / "snapshots" / (repo / "refs" / f"v{VERSION}").read_text().strip()
     reports = verify.verify_tree(snapshot)  # a snapshot folder holds build/<variant>
     assert reports and all(r.intact for r in reports), [verify.format_report(r) for r in reports]
     assert verify.main([str(snapshot), "--allow-dirty"]) == verify.EXIT_OK

@@ -191,16 +191,17 @@ def test_demo_loads_build_toml_version(fork, fork_cache, repo_root):
 
 
 def test_fork_test_suite_loads_build_toml_version(repo_root, tmp_path, fork_cache):
-    """The fork's own tests (conftest's ``kernel`` and ``hub_cache``, test_loading.py) find ``v<OTHER>``."""
+    """The fork's own tests (conftest's ``kernel`` and ``hub_cache``, test_loading.py's loading tests,
+    test_verify.py's staged snapshot) find ``v<OTHER>``."""
     fork = _fork_version(repo_root, tmp_path / "fork")
     shutil.copytree(repo_root / "tests", fork / "tests", ignore=shutil.ignore_patterns("__pycache__"))
     shutil.copy(repo_root / "pyproject.toml", fork)  # pytest's settings
     (fork / "build").symlink_to(repo_root / "build")
     tests = ["test_get_kernel_from_staged_cache", "test_has_and_install_kernel_offline",
-             "test_missing_version_is_reported"]
+             "test_missing_version_is_reported", "test_staged_snapshot_verifies"]
     proc = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-o", "addopts=",
-         "tests/test_loading.py", "-k", " or ".join(tests)],
+         "tests/test_loading.py", "tests/test_verify.py", "-k", " or ".join(tests)],
         cwd=fork, capture_output=True, text=True, timeout=600,
         env=_env(repo_root, FUSED_GEGLU_TEST_CACHE=str(fork_cache)),
     )
