@@ -15,20 +15,20 @@ import torch
 
 FACTOR = 2.0
 # Floors, relative to the reference's scale: what FACTOR x eager alone does not cover where eager is
-# (near) exact, as for a one-element output that eager happens to round onto the reference. A result
-# rounded once to the output dtype carries up to 0.5 eps; an fp32 one also carries the few ulps of its
-# GELU and of a second rounding (d up = grad * gelu(gate)): 4 eps covered 3000 one-element draws of
-# every dtype, flavour and CPU backend, where 2 eps failed 10 of 3000 exact-GELU fp32 draws.
-# Triton's interpreter (the CPU runs of the Triton kernels) converts fp32 to bf16 by truncation
-# (1 + 2^-8 + 2^-12 becomes 1.0, where rounding gives 1 + 2^-7), so there a bf16 result carries up to
-# one ulp: 20 % of one-element bf16 draws needed more than 0.5 eps. The GPU rounds to nearest.
-# The errors of every comparison can be logged ($FUSED_GEGLU_TOLERANCE_LOG) and summarised by
-# benchmarks/diag/tolerance_report.py; the floors were 2 eps (bf16, fp16) and 17 eps (fp32) before,
-# which let a bf16 result 9x eager's typical error pass.
+# (near) exact, as for a one-element output that eager happens to round onto the reference, or a
+# tiny GEMM (K = 8) whose eager error happened to be small. Measured with $FUSED_GEGLU_TOLERANCE_LOG
+# (benchmarks/diag/tolerance_report.py) over twelve CPU runs of the kernel tests, 60000 comparisons:
+# the largest need was 1.9 eps in fp32 (a one-element fp32 result carries the GELU's few ulps and a
+# second rounding; a 2 eps floor failed 10 of 3000 one-element exact-GELU draws), 0.42 eps in fp16 and
+# 0.60 eps in bf16 outside the Triton kernels. Triton's interpreter (the CPU runs of the Triton
+# kernels) converts fp32 to bf16 by truncation (1 + 2^-8 + 2^-12 becomes 1.0, where rounding gives
+# 1 + 2^-7), so a bf16 result there carries up to one ulp (largest need 0.83 eps); the GPU rounds to
+# nearest. The floors were 2 eps (bf16, fp16) and 17 eps (fp32) before, which let a bf16 result 9x
+# eager's typical error pass.
 _EPS = {dtype: torch.finfo(dtype).eps for dtype in (torch.float32, torch.float16, torch.bfloat16)}
 _TRITON_INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
-FLOOR = {torch.float32: 4 * _EPS[torch.float32], torch.float16: _EPS[torch.float16] / 2,
-         torch.bfloat16: _EPS[torch.bfloat16] * (1.0 if _TRITON_INTERPRETED else 0.5)}
+FLOOR = {torch.float32: 4 * _EPS[torch.float32], torch.float16: _EPS[torch.float16],
+         torch.bfloat16: _EPS[torch.bfloat16] * (1.5 if _TRITON_INTERPRETED else 1.0)}
 
 
 def errors(out: torch.Tensor, ref: torch.Tensor, scale_ref: torch.Tensor | None = None) -> tuple[float, float]:
