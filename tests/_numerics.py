@@ -61,12 +61,12 @@ def assert_close(out: torch.Tensor, ref: torch.Tensor, eager: torch.Tensor, what
                 mag.detach().abs().max().item() if mag.numel() else 0.0) or 1.0
     floor = FLOOR[dtype] + info.smallest_normal * info.eps / scale
     ok = rel <= factor * e_rel + floor and mx <= factor * e_mx + 4 * floor
-    _log(what, dtype, out.device, rel, e_rel, mx, e_mx, factor, ok)
+    _log(what, dtype, out.device, rel, e_rel, mx, e_mx, factor, ok, out.numel())
     assert ok, (f"{what} ({dtype}): rel err {rel:.3g} (eager {e_rel:.3g}), max err {mx:.3g} "
                 f"(eager {e_mx:.3g}); allowed {factor}x eager + floor {floor:g}")
 
 
-def _log(what, dtype, device, rel, e_rel, mx, e_mx, factor, ok) -> None:
+def _log(what, dtype, device, rel, e_rel, mx, e_mx, factor, ok, numel=None) -> None:
     """With $FUSED_GEGLU_TOLERANCE_LOG=PATH, one JSON line per comparison to PATH.<pid> (one file per
     process: pytest-xdist workers must not interleave): the measured errors beside eager's, which is
     what the floors above are chosen from (`benchmarks/diag/tolerance_report.py` summarises them)."""
@@ -75,7 +75,7 @@ def _log(what, dtype, device, rel, e_rel, mx, e_mx, factor, ok) -> None:
         return
     rec = {"test": os.environ.get("PYTEST_CURRENT_TEST", "").rsplit(" (", 1)[0], "what": what,
            "dtype": str(dtype).removeprefix("torch."), "device": device.type, "rel": rel, "eager_rel": e_rel,
-           "max": mx, "eager_max": e_mx, "factor": factor, "ok": ok}
+           "max": mx, "eager_max": e_mx, "factor": factor, "ok": ok, "numel": numel}
     with open(f"{path}.{os.getpid()}", "a") as f:
         f.write(json.dumps(rec) + "\n")
 
