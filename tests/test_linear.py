@@ -198,6 +198,35 @@ def test_linear_non_contiguous_x(kernel, device, backend):
         assert_close(y, kernel.reference.linear_ref(x, w, b), F.linear(x, w, b), name)
 
 
+
+@pytest.mark.parametrize("backend", [None, *BACKENDS])
+@pytest.mark.parametrize("activation", [None, "gelu_tanh", "gelu"])
+def test_linear_strided_bias_vector(kernel, device, backend, activation):
+    """A bias vector that is a strided view (every other value of a packed bias), as F.linear takes:
+    right forward and backward on every backend. Until 2026-12-05 the Triton kernels read it at unit
+    stride (wrong values, silently) and cuBLASLt refused it with a RuntimeError."""
+    if backend is not None:
+        _skip_unless(kernel, device, backend)
+    if backend == "cuda" and activation == "gelu":
+        pytest.skip("cuBLASLt has no exact-GELU epilogue (auto dispatch routes it elsewhere)")
+    x = randn(2, 5, 24, device=device, requires_grad=True)
+    w = randn(16, 24, device=device, scale=24**-0.5, requires_grad=True)
+    packed = randn(32, device=device, requires_grad=True)
+    b = packed[::2]
+    assert not b.is_contiguous()
+    y = kernel.linear(x, w, b, activation=activation, backend=backend)
+    det = [t.detach() for t in (x, w, b)]
+    assert_close(y, kernel.reference.linear_ref(*det, activation), _eager(*det, activation), "strided bias")
+    grad = randn(*y.shape, device=device)
+    ours = torch.autograd.grad(y, (x, w, packed), grad)
+    p64 = [t.detach().double().requires_grad_() for t in (x, w, packed)]
+    refs = torch.autograd.grad(kernel.reference.linear_ref(p64[0], p64[1], p64[2][::2], activation), p64, grad.double())
+    e = [t.detach().clone().requires_grad_() for t in (x, w, packed)]
+    eagers = torch.autograd.grad(_eager(e[0], e[1], e[2][::2], activation), e, grad)
+    for name, o, r, ee in zip(("dx", "dW", "d packed bias"), ours, refs, eagers):
+        assert_close(o, r, ee, f"strided bias {name}")
+
+
 def _linear_module(kernel):
     return importlib.import_module(f"{kernel.__name__}.linear")
 

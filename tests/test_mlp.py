@@ -95,6 +95,37 @@ def test_geglu_mlp_non_contiguous_x(kernel, device, backend):
         assert_close(y, kernel.reference.geglu_mlp_ref(x, *params), _eager(x, *params, None, None, None, "tanh"), name)
 
 
+
+@pytest.mark.parametrize("backend", [None, *BACKENDS])
+@pytest.mark.parametrize("training", [False, True], ids=["infer", "train"])
+def test_geglu_mlp_strided_biases(kernel, device, backend, training):
+    """Biases that are strided views (every other value of packed biases), which ATen's linear
+    takes: right on every backend, forward and gradients. Until 2026-12-05 the Triton gate+up and
+    down kernels read them at unit stride (wrong values, silently)."""
+    if backend is not None:
+        _skip_unless(kernel, device, backend)
+    h, i = 24, 40
+    x = randn(3, 7, h, device=device, requires_grad=training)
+    weights = [p.detach().requires_grad_(training) for p in _params(h, i, torch.float32, device, False)[:3]]
+    packed = [randn(2 * n, device=device, scale=0.5, requires_grad=training) for n in (i, i, h)]
+    biases = [p[::2] for p in packed]
+    assert not any(b.is_contiguous() for b in biases)
+    y = kernel.geglu_mlp(x, *weights, *biases, backend=backend)
+    det = [t.detach() for t in (x, *weights, *biases)]
+    assert_close(y, kernel.reference.geglu_mlp_ref(*det), _eager(*det, "tanh"), "strided biases")
+    if not training:
+        return
+    leaves = (x, *weights, *packed)
+    grad = randn(*y.shape, device=device)
+    ours = torch.autograd.grad(y, leaves, grad)
+    p64 = [t.detach().double().requires_grad_() for t in leaves]
+    refs = torch.autograd.grad(kernel.reference.geglu_mlp_ref(*p64[:4], *(p[::2] for p in p64[4:])), p64, grad.double())
+    e = [t.detach().clone().requires_grad_() for t in leaves]
+    eagers = torch.autograd.grad(_eager(*e[:4], *(p[::2] for p in e[4:]), "tanh"), e, grad)
+    for name, o, r, ee in zip(("dx", "dW_gate", "dW_up", "dW_down", "db_gate", "db_up", "db_down"), ours, refs, eagers):
+        assert_close(o, r, ee, f"strided biases {name}")
+
+
 def test_geglu_mlp_saves_only_preactivations(kernel, device):
     """Training saves x and the gate/up pre-activations (2*M*I), not the M*I product h."""
     m, h, i = 64, 32, 96

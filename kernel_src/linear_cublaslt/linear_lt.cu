@@ -307,6 +307,11 @@ void linear_lt(at::Tensor &out, at::Tensor const &x, at::Tensor const &weight,
   const bool has_addend = bias.has_value() && bias->defined() && bias->dim() == 2;
   const bool has_bias = bias.has_value() && bias->defined() && !has_addend;
   const bool has_aux = preact_out.has_value() && preact_out->defined();
+  if (has_bias && bias->dim() == 1 && !bias->is_contiguous()) {
+    // A strided bias vector (a slice of a packed bias, say; ATen's linear takes one): the epilogue
+    // reads it at unit stride, so it is copied first, N values.
+    return linear_lt(out, x, weight, bias->contiguous(), activation, preact_out);
+  }
   if (has_bias) {
     TORCH_CHECK(bias->dim() == 1 && bias->size(0) == N && bias->is_contiguous(),
                 "linear_lt: bias must be contiguous [", N, "] or a matrix [M, N], got ", bias->sizes());

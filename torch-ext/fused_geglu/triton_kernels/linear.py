@@ -299,6 +299,8 @@ def linear_fwd(
     if has_bias == 2 and (bias.shape != (m, n) or (n > 1 and bias.stride(1) != 1)):
         raise ValueError(f"an addend bias must be [{m}, {n}] with unit last stride, got {tuple(bias.shape)} "
                          f"strides {bias.stride()}")
+    if has_bias == 1 and bias.stride(0) != 1:
+        bias = bias.contiguous()  # the kernel reads a bias vector at unit stride (a strided slice: N values)
     stride_bm = bias.stride(0) if has_bias == 2 else 0
     cfg = get_config("linear_fwd_act" if act else "linear_fwd", x.device, x.dtype, m, n, k)
     tiles = triton.cdiv(m, cfg.BLOCK_M) * triton.cdiv(n, cfg.BLOCK_N)

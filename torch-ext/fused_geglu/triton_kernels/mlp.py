@@ -176,6 +176,11 @@ def gateup_fwd(
             gate_out.copy_(g)
             up_out.copy_(u)
         return geglu_fwd(h_out, g.contiguous(), u.contiguous(), approximate)
+    # The kernel reads each bias at unit stride; a strided slice (of a packed [2I] bias, say) is I values.
+    if b_gate is not None and b_gate.stride(0) != 1:
+        b_gate = b_gate.contiguous()
+    if b_up is not None and b_up.stride(0) != 1:
+        b_up = b_up.contiguous()
     cfg = get_config("gateup_fwd", x.device, x.dtype, m, i, hdim)
     grid = (triton.cdiv(m, cfg.BLOCK_M) * triton.cdiv(i, cfg.BLOCK_N),)
     store = gate_out is not None
