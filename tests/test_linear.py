@@ -199,32 +199,41 @@ def test_linear_non_contiguous_x(kernel, device, backend):
 
 
 
+# A bias vector as a view of a larger tensor: every other value (strided), or a contiguous slice one
+# element in (a data pointer aligned to one element only, 2 bytes in half precision).
+BIAS_VIEWS = {"strided": lambda p, n: p[: 2 * n : 2], "offset": lambda p, n: p[1 : n + 1]}
+
+
 @pytest.mark.parametrize("backend", [None, *BACKENDS])
 @pytest.mark.parametrize("activation", [None, "gelu_tanh", "gelu"])
-def test_linear_strided_bias_vector(kernel, device, backend, activation):
-    """A bias vector that is a strided view (every other value of a packed bias), as F.linear takes:
-    right forward and backward on every backend. Until 2026-12-05 the Triton kernels read it at unit
-    stride (wrong values, silently) and cuBLASLt refused it with a RuntimeError."""
+@pytest.mark.parametrize("view", BIAS_VIEWS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_linear_bias_vector_views(kernel, device, backend, activation, view, dtype):
+    """A bias vector that is a view (every other value of a packed bias, or a slice at an odd
+    offset), as F.linear takes: right forward and backward on every backend. Until 2026-12-05 the
+    Triton kernels read a strided one at unit stride (wrong values, silently) and cuBLASLt refused
+    it with a RuntimeError."""
     if backend is not None:
-        _skip_unless(kernel, device, backend)
+        _skip_unless(kernel, device, backend, dtype)
     if backend == "cuda" and activation == "gelu":
         pytest.skip("cuBLASLt has no exact-GELU epilogue (auto dispatch routes it elsewhere)")
-    x = randn(2, 5, 24, device=device, requires_grad=True)
-    w = randn(16, 24, device=device, scale=24**-0.5, requires_grad=True)
-    packed = randn(32, device=device, requires_grad=True)
-    b = packed[::2]
-    assert not b.is_contiguous()
+    bias_view = BIAS_VIEWS[view]
+    x = randn(2, 5, 24, dtype=dtype, device=device, requires_grad=True)
+    w = randn(16, 24, dtype=dtype, device=device, scale=24**-0.5, requires_grad=True)
+    packed = randn(33, dtype=dtype, device=device, requires_grad=True)
+    b = bias_view(packed, 16)
     y = kernel.linear(x, w, b, activation=activation, backend=backend)
     det = [t.detach() for t in (x, w, b)]
-    assert_close(y, kernel.reference.linear_ref(*det, activation), _eager(*det, activation), "strided bias")
-    grad = randn(*y.shape, device=device)
+    assert_close(y, kernel.reference.linear_ref(*det, activation), _eager(*det, activation), f"{view} bias")
+    grad = randn(*y.shape, dtype=dtype, device=device)
     ours = torch.autograd.grad(y, (x, w, packed), grad)
     p64 = [t.detach().double().requires_grad_() for t in (x, w, packed)]
-    refs = torch.autograd.grad(kernel.reference.linear_ref(p64[0], p64[1], p64[2][::2], activation), p64, grad.double())
+    refs = torch.autograd.grad(kernel.reference.linear_ref(p64[0], p64[1], bias_view(p64[2], 16), activation), p64,
+                               grad.double())
     e = [t.detach().clone().requires_grad_() for t in (x, w, packed)]
-    eagers = torch.autograd.grad(_eager(e[0], e[1], e[2][::2], activation), e, grad)
+    eagers = torch.autograd.grad(_eager(e[0], e[1], bias_view(e[2], 16), activation), e, grad)
     for name, o, r, ee in zip(("dx", "dW", "d packed bias"), ours, refs, eagers):
-        assert_close(o, r, ee, f"strided bias {name}")
+        assert_close(o, r, ee, f"{view} bias {name}")
 
 
 def _linear_module(kernel):

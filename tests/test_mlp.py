@@ -11,6 +11,7 @@ import torch
 import torch.nn.functional as F
 from _numerics import assert_close, assert_step_close, laid_out, randn
 from test_geglu import BACKENDS, DTYPES, _skip_unless
+from test_linear import BIAS_VIEWS
 
 # (tokens, H, I). (3, 24, 72): under the interpreter (BLOCK_K 16) the down GEMM of the Triton path
 # splits K at this decode-like size; test_geglu_mlp_decode covers the split at GPU tile sizes.
@@ -98,32 +99,35 @@ def test_geglu_mlp_non_contiguous_x(kernel, device, backend):
 
 @pytest.mark.parametrize("backend", [None, *BACKENDS])
 @pytest.mark.parametrize("training", [False, True], ids=["infer", "train"])
-def test_geglu_mlp_strided_biases(kernel, device, backend, training):
-    """Biases that are strided views (every other value of packed biases), which ATen's linear
-    takes: right on every backend, forward and gradients. Until 2026-12-05 the Triton gate+up and
-    down kernels read them at unit stride (wrong values, silently)."""
+@pytest.mark.parametrize("view", BIAS_VIEWS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_geglu_mlp_bias_views(kernel, device, backend, training, view, dtype):
+    """Biases that are views (every other value of packed biases, or slices at an odd offset), which
+    ATen's linear takes: right on every backend, forward and gradients. Until 2026-12-05 the Triton
+    gate+up and down kernels read strided ones at unit stride (wrong values, silently)."""
     if backend is not None:
-        _skip_unless(kernel, device, backend)
+        _skip_unless(kernel, device, backend, dtype)
+    bias_view = BIAS_VIEWS[view]
     h, i = 24, 40
-    x = randn(3, 7, h, device=device, requires_grad=training)
-    weights = [p.detach().requires_grad_(training) for p in _params(h, i, torch.float32, device, False)[:3]]
-    packed = [randn(2 * n, device=device, scale=0.5, requires_grad=training) for n in (i, i, h)]
-    biases = [p[::2] for p in packed]
-    assert not any(b.is_contiguous() for b in biases)
+    x = randn(3, 7, h, dtype=dtype, device=device, requires_grad=training)
+    weights = [p.detach().requires_grad_(training) for p in _params(h, i, dtype, device, False)[:3]]
+    packed = [randn(2 * n + 1, dtype=dtype, device=device, scale=0.5, requires_grad=training) for n in (i, i, h)]
+    biases = [bias_view(p, n) for p, n in zip(packed, (i, i, h))]
     y = kernel.geglu_mlp(x, *weights, *biases, backend=backend)
     det = [t.detach() for t in (x, *weights, *biases)]
-    assert_close(y, kernel.reference.geglu_mlp_ref(*det), _eager(*det, "tanh"), "strided biases")
+    assert_close(y, kernel.reference.geglu_mlp_ref(*det), _eager(*det, "tanh"), f"{view} biases")
     if not training:
         return
     leaves = (x, *weights, *packed)
-    grad = randn(*y.shape, device=device)
+    grad = randn(*y.shape, dtype=dtype, device=device)
     ours = torch.autograd.grad(y, leaves, grad)
+    views = lambda ps: [bias_view(p, n) for p, n in zip(ps, (i, i, h))]  # noqa: E731
     p64 = [t.detach().double().requires_grad_() for t in leaves]
-    refs = torch.autograd.grad(kernel.reference.geglu_mlp_ref(*p64[:4], *(p[::2] for p in p64[4:])), p64, grad.double())
+    refs = torch.autograd.grad(kernel.reference.geglu_mlp_ref(*p64[:4], *views(p64[4:])), p64, grad.double())
     e = [t.detach().clone().requires_grad_() for t in leaves]
-    eagers = torch.autograd.grad(_eager(*e[:4], *(p[::2] for p in e[4:]), "tanh"), e, grad)
+    eagers = torch.autograd.grad(_eager(*e[:4], *views(e[4:]), "tanh"), e, grad)
     for name, o, r, ee in zip(("dx", "dW_gate", "dW_up", "dW_down", "db_gate", "db_up", "db_down"), ours, refs, eagers):
-        assert_close(o, r, ee, f"strided biases {name}")
+        assert_close(o, r, ee, f"{view} biases {name}")
 
 
 def test_geglu_mlp_saves_only_preactivations(kernel, device):
