@@ -317,6 +317,7 @@ def _fresh_tables(kernel, monkeypatch, short_path: str | None):
     mod = _linear_module(kernel)
     monkeypatch.setattr(mod, "_picks", {})
     monkeypatch.setattr(mod, "_ATEN_PLAIN", {})
+    monkeypatch.setattr(mod, "_LT_GELU_TANH", set())
     if short_path is not None:
         mod._ATEN_PLAIN[torch.device(kernel_device(short_path))] = "torch"
     return mod
@@ -450,6 +451,113 @@ def test_linear_short_path_is_learned_where_auto_picks_aten(kernel, device, monk
         assert kernel.last_backend("linear") == "cpu" and mod._ATEN_PLAIN.get(dev) == "cpu"
         kernel.linear(x, w, b)
         assert kernel.last_backend("linear") == "cpu"
+
+
+
+def _lt_short_path_or_skip(kernel, device):
+    if device != "cuda":
+        pytest.skip("the tanh-GELU short path is cuBLASLt's (CUDA); on CPU "
+                    "test_linear_gelu_tanh_short_path_is_not_learned_off_cuda covers it")
+    dispatch = importlib.import_module(f"{kernel.__name__}._dispatch")
+    if not dispatch.compiled_has("linear_lt_infer", "cuda"):
+        pytest.skip("this variant has no compiled no-graph cuBLASLt linear")
+
+
+def _count_short_calls(mod, monkeypatch) -> list:
+    """Wraps the short path's call; the list gets one entry per call that it ran (not None)."""
+    ran = []
+    real = mod._lt_gelu_tanh_call
+
+    def counted(*args):
+        out = real(*args)
+        if out is not None:
+            ran.append(1)
+        return out
+
+    monkeypatch.setattr(mod, "_lt_gelu_tanh_call", counted)
+    return ran
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("shape", [((5, 24), 16), ((2, 9, 40), 24), ((33, 64), 30)], ids=str)
+@pytest.mark.parametrize("with_bias", [True, False], ids=["bias", "nobias"])
+@pytest.mark.parametrize("training", [False, True], ids=["infer", "train"])
+def test_linear_gelu_tanh_short_path_gives_the_full_paths_bits(kernel, device, monkeypatch, dtype, shape,
+                                                               with_bias, training):
+    """On a device where auto dispatch runs tanh-GELU calls on cuBLASLt at every size, such a call is
+    one compiled op (linear_lt_infer, or the linear_lt_train node in a training step the node takes):
+    it is learned by the first call, runs from the second, and gives the full path's bits, forward
+    and gradients; N % 8 != 0 in fp32/half training and every fp32 step keep the full path's node."""
+    _lt_short_path_or_skip(kernel, device)
+    mod = _fresh_tables(kernel, monkeypatch, None)
+    ran = _count_short_calls(mod, monkeypatch)
+    x_shape, n = shape
+    x = randn(*x_shape, dtype=dtype, device=device, requires_grad=training)
+    w = randn(n, x_shape[-1], dtype=dtype, device=device, scale=x_shape[-1] ** -0.5, requires_grad=training)
+    b = randn(n, dtype=dtype, device=device, requires_grad=training) if with_bias else None
+    leaves = [t for t in (x, w, b) if t is not None]
+    full = kernel.linear(x, w, b, activation="gelu_tanh")  # the full path, which learns the device
+    assert kernel.last_backend("linear") == "cuda" and not ran
+    assert torch.device(device, torch.cuda.current_device()) in mod._LT_GELU_TANH
+    short = kernel.linear(x, w, b, activation="gelu_tanh")
+    takes_node = dtype != torch.float32 and n % 8 == 0
+    assert len(ran) == (1 if not training or takes_node else 0)
+    assert kernel.last_backend("linear") == "cuda"
+    assert torch.equal(short, full) and short.shape == (*x_shape[:-1], n)
+    det = [t.detach() for t in (x, w, b) if t is not None] + ([] if with_bias else [None])
+    assert_close(short.detach(), kernel.reference.linear_ref(*det, "gelu_tanh"), _eager(*det, "gelu_tanh"), "short path")
+    if training:
+        g = randn(*short.shape, dtype=dtype, device=device)
+        for got, want in zip(torch.autograd.grad(short, leaves, g), torch.autograd.grad(full, leaves, g)):
+            assert torch.equal(got, want)
+    else:
+        short.add_(1)  # a fresh tensor the caller owns
+
+
+def test_linear_gelu_tanh_short_path_yields_and_rewords(kernel, device, monkeypatch):
+    """The short path runs only while nothing overrides the policy (a backend in the call or in
+    $FUSED_GEGLU_BACKEND, $FUSED_GEGLU_CUBLASLT) and for operands it takes (contiguous x and
+    weight, a [N] bias or none, no transform); the op's refusals get the named errors."""
+    _lt_short_path_or_skip(kernel, device)
+    mod = _fresh_tables(kernel, monkeypatch, None)
+    ran = _count_short_calls(mod, monkeypatch)
+    x, w, b = randn(6, 16, device=device), randn(8, 16, device=device, scale=0.25), randn(8, device=device)
+    kernel.linear(x, w, b, activation="gelu_tanh")
+    kernel.linear(x, w, b, activation="gelu_tanh")
+    assert len(ran) == 1
+    for call in (lambda: kernel.linear(x, w, b, activation="gelu_tanh", backend="triton"),
+                 lambda: kernel.linear(x, w, randn(6, 8, device=device), activation="gelu_tanh"),
+                 lambda: kernel.linear(randn(16, 6, device=device).t(), w, b, activation="gelu_tanh"),
+                 lambda: kernel.linear(x, randn(16, 8, device=device).t(), b, activation="gelu_tanh"),
+                 lambda: kernel.linear(x[:0], w, b, activation="gelu_tanh")):
+        call()
+    assert len(ran) == 1
+    for name, value in (("FUSED_GEGLU_BACKEND", "torch"), ("FUSED_GEGLU_CUBLASLT", "0")):
+        with monkeypatch.context() as mp:
+            mp.setenv(name, value)
+            kernel.linear(x, w, b, activation="gelu_tanh")
+    assert len(ran) == 1
+    y = torch.func.vmap(lambda r: kernel.linear(r, w, b, activation="gelu_tanh"))(x.unsqueeze(1))
+    assert len(ran) == 1 and y.shape == (6, 1, 8)
+    with pytest.raises(ValueError, match="x has 16 input features"):
+        kernel.linear(x, randn(8, 12, device=device), activation="gelu_tanh")
+    with pytest.raises(TypeError, match="weight has dtype torch.bfloat16"):
+        kernel.linear(x, w.bfloat16(), activation="gelu_tanh")
+    with pytest.raises(TypeError, match="bias has dtype torch.float16"):
+        kernel.linear(x, w, b.half(), activation="gelu_tanh")
+    with pytest.raises(ValueError, match="weight is on cpu but x is on cuda"):
+        kernel.linear(x, w.cpu(), activation="gelu_tanh")
+
+
+def test_linear_gelu_tanh_short_path_is_not_learned_off_cuda(kernel, device, monkeypatch):
+    """Off CUDA (and wherever auto dispatch does not choose cuBLASLt) no device enters the short
+    path's table: its op is cuBLASLt's."""
+    mod = _fresh_tables(kernel, monkeypatch, None)
+    x, w, b = randn(6, 16, device=device), randn(8, 16, device=device, scale=0.25), randn(8, device=device)
+    kernel.linear(x, w, b, activation="gelu_tanh")
+    chosen = kernel.last_backend("linear")
+    assert (len(mod._LT_GELU_TANH) == 1) == (chosen == "cuda" and device == "cuda" and importlib.import_module(
+        f"{kernel.__name__}._dispatch").compiled_has("linear_lt_infer", "cuda"))
 
 
 def test_rows_is_a_view_where_the_strides_allow_and_one_copy_where_not(kernel, device):

@@ -113,6 +113,9 @@ TORCH_LIBRARY_EXPAND(TORCH_EXTENSION_NAME, ops) {
   // linear_lt with a C++ autograd node (kernel_src/autograd_nodes/linear_lt_train.cpp).
   ops.def("linear_lt_train(Tensor x, Tensor weight, Tensor? bias, int activation) -> Tensor");
   ops.impl("linear_lt_train", torch::dispatch(c10::DispatchKey::AutogradCUDA, TORCH_FN(linear_lt_train)));
+  // Its no-graph form (kernel_src/autograd_nodes/linear_lt_infer.cpp), for the CUDA key only.
+  ops.def("linear_lt_infer(Tensor x, Tensor weight, Tensor? bias, int activation) -> Tensor");
+  ops.impl("linear_lt_infer", c10::kCUDA, &linear_lt_infer);
   ops.def(
       "geglu_gateup_sm90(Tensor(a!) h_out, Tensor x, Tensor w_gate, Tensor w_up, Tensor? b_gate, "
       "Tensor? b_up, int approximate, Tensor(b!)? gate_out, Tensor(c!)? up_out, int tile=-1, "

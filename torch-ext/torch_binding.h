@@ -140,6 +140,10 @@ void linear_lt_bwd_weight(at::Tensor &dw, std::optional<at::Tensor> const &db,
 // contiguous x[..., K]; activation 0 (BIAS epilogue) or 1 (tanh GELU_AUX_BIAS, pre-activation saved).
 at::Tensor linear_lt_train(at::Tensor const &x, at::Tensor const &weight, std::optional<at::Tensor> const &bias,
                            int64_t activation);
+// Its form for calls that record no graph (kernel_src/autograd_nodes/linear_lt_infer.cpp): one op call
+// that allocates y[..., N] for a non-empty contiguous x[..., K], a [N] bias or none; activation 0 or 1.
+at::Tensor linear_lt_infer(at::Tensor const &x, at::Tensor const &weight, std::optional<at::Tensor> const &bias,
+                           int64_t activation);
 // sm90a CUTLASS GEMM with a GeGLU epilogue: h_out[M,I] = gelu(x w_gate^T + b_gate) * (x w_up^T + b_up)
 // from one GEMM that reads w_gate[I,H] and w_up[I,H] where they are (kernel_src/gemm_sm90/
 // geglu_gateup_sm90.h); approximate 0 = erf, 1 = tanh; b_gate / b_up [I], both or neither;

@@ -12,7 +12,9 @@ other round, since the host's speed drifts between runs by more than the differe
 - the paired difference ours - eager of each round's wall time, and its median.
 On CPU (``--device cpu``) the sizes are H = 64, I = 128 in fp32, where a call is all host time.
 
-Ops: ``linear`` (``F.linear(x, w, b)``), ``linear_gelu_tanh`` (``F.gelu(F.linear(...), "tanh")``),
+Ops: ``linear`` (``F.linear(x, w, b)``), ``linear_gelu_tanh`` (``F.gelu(F.linear(...), "tanh")``; and
+``linear_gelu_tanh_cuda``, the same call with ``backend="cuda"``, which takes the general path where the
+auto call takes the short one: their difference is what the short path saves),
 ``geglu`` (``F.gelu(gate, "tanh") * up``), ``geglu_packed`` and ``gelu_and_mul`` (the same on halves of
 a packed [M, 2I] x, into a given out for the latter), ``geglu_mlp`` (the op against the three
 ``F.linear`` calls and the GELU product). What a kernelized model pays per call, the host module's
@@ -38,8 +40,9 @@ import torch.nn.functional as F
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _diag import SHAPES, environment, host_us, load_kernel  # noqa: E402
 
-OPS = ("linear", "linear_gelu_tanh", "geglu", "geglu_packed", "gelu_and_mul", "geglu_mlp", "layer_mlp", "layer_linear")
+OPS = ("linear", "linear_gelu_tanh", "linear_gelu_tanh_cuda", "geglu", "geglu_packed", "gelu_and_mul", "geglu_mlp", "layer_mlp", "layer_linear")
 _RECORDED_AS = {"geglu_packed": "gelu_and_mul", "gelu_and_mul": "gelu_and_mul", "linear_gelu_tanh": "linear",
+                "linear_gelu_tanh_cuda": "linear",
                 "layer_mlp": "geglu_mlp", "layer_linear": "linear"}
 
 
@@ -89,6 +92,9 @@ def _calls(k, op: str, m: int, h: int, i: int, device: torch.device, dtype: torc
         b = torch.randn(i, device=device, dtype=dtype)
         if op == "linear":
             return (lambda: k.linear(x, w, b)), (lambda: F.linear(x, w, b))
+        if op == "linear_gelu_tanh_cuda":  # backend named: the general path, never the short one
+            return ((lambda: k.linear(x, w, b, activation="gelu_tanh", backend="cuda")),
+                    (lambda: F.gelu(F.linear(x, w, b), approximate="tanh")))
         return ((lambda: k.linear(x, w, b, activation="gelu_tanh")),
                 (lambda: F.gelu(F.linear(x, w, b), approximate="tanh")))
     packed = torch.randn(m, 2 * i, device=device, dtype=dtype)

@@ -29,6 +29,19 @@ _picks: dict[tuple, str] = {}
 _ATEN_PLAIN: dict[torch.device, str] = {}
 
 
+# Devices where a tanh-GELU ``linear`` (a [N] bias or none, auto backend) runs cuBLASLt with the GELU
+# in its epilogue at every size, and the compiled library has that path as one no-graph op call
+# (``linear_lt_infer``): the public function's short path for such calls. Filled by the full path's
+# first such call, under the same conditions as ``_ATEN_PLAIN``.
+_LT_GELU_TANH: set[torch.device] = set()
+
+
+def _learn_lt_gelu_tanh(device: torch.device, chosen: str) -> None:
+    if (chosen == "cuda" and not _dispatch.overridden() and size_free("linear_gelu_tanh", device)
+            and _dispatch.compiled_has("linear_lt_infer", "cuda")):
+        _LT_GELU_TANH.add(device)
+
+
 def _learn_plain(device: torch.device, chosen: str) -> None:
     """Enter ``device`` in ``_ATEN_PLAIN`` when auto dispatch chose ATen for a plain call and the
     policy's choice there does not depend on the size (no rule of op "linear" bounds one), read
@@ -302,6 +315,11 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
                 raise
             _dispatch.record("linear", chosen)
             return out
+    if (activation == "gelu_tanh" and backend is None and type(x) in _PLAIN and x.device in _LT_GELU_TANH
+            and not torch.compiler.is_compiling()):
+        out = _lt_gelu_tanh_call(x, weight, bias)
+        if out is not None:
+            return out
     activation = "none" if activation is None else activation
     if not _checks.linear_args_ok(x, weight, bias, activation):
         _check_args(x, weight, bias, activation)
@@ -319,6 +337,8 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     chosen = _pick(x.device, backend, activation, x.numel() // k if k else 0, addend)
     if activation == "none" and backend == "auto" and not addend and x.device not in _ATEN_PLAIN:
         _learn_plain(x.device, chosen)
+    elif activation == "gelu_tanh" and backend == "auto" and not addend and x.device not in _LT_GELU_TANH:
+        _learn_lt_gelu_tanh(x.device, chosen)
     if chosen == "torch" or chosen == "cpu":
         if x.is_contiguous() and (not addend or x.dim() == 2) and (not needs_grad or _dispatch.CPP_AUTOGRAD):
             # ATen is the implementation: its own ops, and when training its own autograd nodes. A
@@ -338,6 +358,37 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
         if out is not None:
             return out
     out, _ = linear_fwd_op(x, weight, bias, activation, needs_grad, backend)
+    return out
+
+
+def _lt_gelu_tanh_call(x, weight, bias) -> torch.Tensor | None:
+    """The short path of a tanh-GELU call on a device in ``_LT_GELU_TANH``: one compiled op call,
+    ``linear_lt_infer`` (no graph recorded) or ``linear_lt_train`` (a C++ autograd node), with the
+    kernels and bits of the full path's cuBLASLt route. None where that route would not run them
+    (an override, a tracer or a transform, a strided x or weight, an addend, an empty x, a training
+    step the C++ node does not take) or the checks below fail: the full path decides and words
+    the error. The op's own refusals (dtypes of x and weight, feature counts) are reworded."""
+    device = x.device
+    if not (type(weight) in _PLAIN and x.dtype in _checks.FLOAT_DTYPES and x.is_contiguous() and x.numel()
+            and weight.dim() == 2 and weight.device == device and weight.stride(-1) == 1
+            and (bias is None or (type(bias) in _PLAIN and bias.shape == weight.shape[:1] and bias.dtype == x.dtype
+                                  and bias.device == device))
+            and not _dispatch.overridden() and torch._C._len_torch_dispatch_stack() == 0 and not transformed()):
+        return None
+    if torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad or (bias is not None and bias.requires_grad)):
+        # _train_with_cpp_nodes' conditions for the node with the GELU in its epilogue
+        if not (_dispatch.CPP_AUTOGRAD and x.dtype != torch.float32 and weight.shape[0] % 8 == 0
+                and _dispatch.compiled_has_autograd("linear_lt_train", "cuda")):
+            return None
+        op = ops.linear_lt_train
+    else:
+        op = ops.linear_lt_infer
+    try:
+        out = op(x, weight, bias, 1)
+    except RuntimeError:
+        _check_args(x, weight, bias, "gelu_tanh")  # the named error for what the op refused
+        raise
+    _dispatch.record("linear", "cuda")
     return out
 
 
