@@ -307,10 +307,13 @@ void linear_lt(at::Tensor &out, at::Tensor const &x, at::Tensor const &weight,
   const bool has_addend = bias.has_value() && bias->defined() && bias->dim() == 2;
   const bool has_bias = bias.has_value() && bias->defined() && !has_addend;
   const bool has_aux = preact_out.has_value() && preact_out->defined();
-  if (has_bias && bias->dim() == 1 && !bias->is_contiguous()) {
-    // A strided bias vector (a slice of a packed bias, say; ATen's linear takes one): the epilogue
-    // reads it at unit stride, so it is copied first, N values.
-    return linear_lt(out, x, weight, bias->contiguous(), activation, preact_out);
+  if (has_bias && bias->dim() == 1 &&
+      (!bias->is_contiguous() || reinterpret_cast<uintptr_t>(bias->data_ptr()) % 16 != 0)) {
+    // A bias vector that is a strided view (a slice of a packed bias, say; ATen's linear takes one)
+    // or starts off a 16-byte boundary is copied first, N values: the epilogue reads it at unit
+    // stride, and no algorithm preference states its alignment (a bf16 bias one element into its
+    // storage stopped the H200 with "misaligned address" in the GELU_BIAS epilogue, 2026-12-05).
+    return linear_lt(out, x, weight, bias->clone(at::MemoryFormat::Contiguous), activation, preact_out);
   }
   if (has_bias) {
     TORCH_CHECK(bias->dim() == 1 && bias->size(0) == N && bias->is_contiguous(),

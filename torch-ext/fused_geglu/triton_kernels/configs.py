@@ -104,7 +104,13 @@ def config_supports(kernel: str, cfg: KernelConfig, elem_size: int = 2, smem_byt
 def _smem_estimate(kernel: str, cfg: KernelConfig, elem_size: int) -> int:
     nb = _NUM_B_OPERANDS.get(kernel, 1)
     per_stage = (cfg.BLOCK_M * cfg.BLOCK_K + nb * cfg.BLOCK_N * cfg.BLOCK_K) * elem_size
-    return per_stage * max(cfg.num_stages, 1)  # the software pipeline keeps num_stages tiles resident
+    pipeline = per_stage * max(cfg.num_stages, 1)  # the software pipeline keeps num_stages tiles resident
+    if elem_size == 4:
+        # fp32 operands: Triton also stages a layout conversion of one operand tile, rows padded by 8
+        # (H200, triton 3.6: linear_bwd_weight 128x128x64 with GELU' asked for 233472 bytes, a 196608-byte
+        # pipeline + 128 x 72 x 4, past the 232448 an SM has).
+        pipeline += max(cfg.BLOCK_M, cfg.BLOCK_N) * (cfg.BLOCK_K + 8) * elem_size
+    return pipeline
 
 
 def fit_config(kernel: str, cfg: KernelConfig, elem_size: int, smem_bytes: Optional[int]) -> KernelConfig:
