@@ -236,6 +236,20 @@ def test_linear_bias_vector_views(kernel, device, backend, activation, view, dty
         assert_close(o, r, ee, f"{view} bias {name}")
 
 
+
+def test_fp32_gemm_configs_leave_room_for_tritons_conversion_tile(kernel):
+    """Fitting a config to shared memory counts what Triton asked for on the H200 (triton 3.6,
+    2026-12-05): linear_bwd_weight at 128x128x64 with three fp32 stages wanted 233472 bytes, the
+    196608-byte operand pipeline plus a 128 x 72 x 4 layout-conversion tile, past the 232448 an SM has,
+    and failed with OutOfResources. The fitted fp32 config must be smaller; bf16 keeps its four stages."""
+    configs = importlib.import_module(f"{kernel.__name__}.triton_kernels.configs")
+    h200_smem = 232448
+    tuned = configs.KernelConfig(128, 128, 64, 8, 8, 4)
+    fp32 = configs.fit_config("linear_bwd_weight", tuned, 4, h200_smem)
+    assert (fp32.BLOCK_M, fp32.BLOCK_N, fp32.BLOCK_K) == (128, 128, 64) and fp32.num_stages == 2, fp32
+    assert configs.fit_config("linear_bwd_weight", tuned, 2, h200_smem) == tuned
+
+
 def _linear_module(kernel):
     return importlib.import_module(f"{kernel.__name__}.linear")
 
