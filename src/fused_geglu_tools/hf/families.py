@@ -21,6 +21,8 @@ from typing import Literal
 import torch
 from torch import nn
 
+from . import fsdp
+
 # Kernel-mapping names. Unique on purpose: transformers' default mapping already uses
 # "GeGLUMLP" (-> Liger) and "Linear" (-> LigerLinear in training).
 GEGLU_MLP = "FusedGeGLUMLP"
@@ -137,18 +139,30 @@ def _hooked(module: nn.Module) -> bool:
     return bool(module._forward_hooks or module._forward_pre_hooks or hasattr(module, "_hf_hook"))
 
 
+def _in_forward(t: torch.Tensor) -> tuple[type, torch.dtype]:
+    """The type and dtype the module's forward will see for parameter ``t``: an FSDP2 shard is
+    all-gathered into a plain Parameter (of the mixed-precision ``param_dtype`` if one is set)."""
+    g = fsdp.gathered(t)
+    return (type(t), t.dtype) if g is None or g.dtensor else (nn.Parameter, g.dtype)
+
+
 def _dense_reason(name: str, lin: object) -> str | None:
     if type(lin) is not nn.Linear:
         return f"{name} is {type(lin).__name__}, not a plain nn.Linear (quantised, sharded or adapter-wrapped)"
     w = lin.weight
-    if type(w) not in (torch.Tensor, nn.Parameter):
-        return f"{name}.weight is a {type(w).__name__} tensor subclass"
-    if w.dtype not in _FLOAT_DTYPES:
-        return f"{name}.weight is {w.dtype}; the kernel takes float32, float16 or bfloat16"
+    wtype, wdtype = _in_forward(w)
+    if wtype not in (torch.Tensor, nn.Parameter):
+        if fsdp.managed(lin):
+            return (f"{name}.weight is an FSDP2 shard of a tensor-parallel DTensor (fully_shard on a 2-D mesh), "
+                    "a layout the kernel layer does not run" if fsdp.gathered(w) is not None else
+                    f"{name}.weight is an FSDP2 shard this torch does not describe; kernelize before fully_shard")
+        return f"{name}.weight is a {wtype.__name__} tensor subclass"
+    if wdtype not in _FLOAT_DTYPES:
+        return f"{name}.weight is {wdtype}; the kernel takes float32, float16 or bfloat16"
     if w.device.type == "meta":
         return f"{name}.weight is on the meta device (offloaded or not materialised)"
-    if lin.bias is not None and lin.bias.dtype != w.dtype:
-        return f"{name}.bias is {lin.bias.dtype} but its weight is {w.dtype}"
+    if lin.bias is not None and _in_forward(lin.bias)[1] != wdtype:
+        return f"{name}.bias is {_in_forward(lin.bias)[1]} but its weight is {wdtype}"
     if _hooked(lin):
         return f"{name} has forward hooks, which the fused kernel would skip"
     return None
@@ -156,10 +170,12 @@ def _dense_reason(name: str, lin: object) -> str | None:
 
 def _same_dtype_device(names: tuple[str, ...], lins: tuple[nn.Linear, ...]) -> str | None:
     ref = lins[0].weight
+    ref_dtype = _in_forward(ref)[1]
     for name, lin in zip(names[1:], lins[1:]):
-        if lin.weight.dtype != ref.dtype or lin.weight.device != ref.device:
-            return (f"{name} is {lin.weight.dtype} on {lin.weight.device} but {names[0]} is "
-                    f"{ref.dtype} on {ref.device}")
+        dtype = _in_forward(lin.weight)[1]
+        if dtype != ref_dtype or lin.weight.device != ref.device:
+            return (f"{name} is {dtype} on {lin.weight.device} but {names[0]} is "
+                    f"{ref_dtype} on {ref.device}")
     return None
 
 
@@ -211,6 +227,11 @@ def _tensor_parallel_layout(module: nn.Module) -> str | None:
     weights = [lin.weight for lin in lins]
     if not any(isinstance(w, DTensor) for w in weights):
         return ""
+    if all(fsdp.managed(lin) for lin in lins):
+        # FSDP2 shards, not tensor parallelism: forward sees them gathered, as plain Parameters
+        # (checked as dense weights) or, over a 2-D mesh, as tensor-parallel DTensors, which
+        # _dense_reason refuses by name (as it does shards whose gathered form is unknown).
+        return ""
     if not all(isinstance(w, DTensor) for w in weights):
         return "some projections are DTensors and some are not"
     mesh = weights[0].device_mesh
@@ -255,8 +276,9 @@ def _t5_reason(module: nn.Module, family: Family) -> str | None:
     reason = _linears_reason(module, ("wi_0", "wi_1")) or _dense_reason("wo", getattr(module, "wo", None))
     if reason:
         return reason
-    if not family.casts_to_wo_dtype and module.wo.weight.dtype != module.wi_0.weight.dtype:
-        return (f"wo is {module.wo.weight.dtype} but wi_0 is {module.wi_0.weight.dtype}, and "
+    wo_dtype, wi_dtype = _in_forward(module.wo.weight)[1], _in_forward(module.wi_0.weight)[1]
+    if not family.casts_to_wo_dtype and wo_dtype != wi_dtype:
+        return (f"wo is {wo_dtype} but wi_0 is {wi_dtype}, and "
                 f"{family.class_name} does not cast between them (the kernel layer would)")
     return None
 

@@ -24,6 +24,7 @@ from kernels import replace_kernel_forward_from_hub
 from torch import nn
 
 from .families import FAMILIES, KERNEL_LAYERS, LINEAR_BIAS, Family, family_of, refusal
+from .fsdp import original_class
 
 _MISSING = object()
 # class -> (kernel_layer_name, kernel_condition) as they were in cls.__dict__ before we marked it.
@@ -136,12 +137,15 @@ def mark_classes(families: Iterable[Family | str] | None = None, *, linear_bias:
 
 
 def mark_model_classes(model: nn.Module, *, linear_bias: bool = False) -> list[tuple[Family | None, type]]:
-    """Mark the family classes that occur in ``model`` (no imports; exact classes only)."""
+    """Mark the family classes that occur in ``model`` (no imports; exact classes only, or the class
+    an FSDP2 ``FSDP<Class>`` was generated from: fully_shard swaps a module's class for that subclass,
+    which inherits the marks and the forward)."""
     marked: dict[type, Family | None] = {}
     for module in model.modules():
-        family = family_of(type(module))
-        if family is not None and type(module) not in marked:
-            marked[type(module)] = family
+        cls = original_class(type(module))
+        family = family_of(cls)
+        if family is not None and cls not in marked:
+            marked[cls] = family
     if linear_bias:
         marked[nn.Linear] = None
     for cls, family in marked.items():

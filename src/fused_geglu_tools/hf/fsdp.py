@@ -1,0 +1,90 @@
+"""FSDP2 (``torch.distributed.fsdp.fully_shard``): what a module and its parameters look like in forward.
+
+Between steps fully_shard keeps every parameter as a DTensor shard (``Shard(0)`` on the data-parallel
+mesh) and the module it was applied to as an instance of a generated subclass, ``FSDP<Class>``. In that
+module's pre-forward hook it all-gathers the shards into plain ``nn.Parameter``s (cast to the mixed-precision
+``param_dtype`` if one is set) and puts those on the submodules, where the class's forward, and the kernel
+layer that replaces it, read them. The kernel layer checks the weights it is handed on every call, so it
+sees the gathered form and runs the fused MLP. The up-front refusal (``families.refusal``) runs between
+steps and must judge that gathered form too: a shard looks like tensor parallelism with every weight
+``Shard(0)``, which the kernel does not run, and refusing it left FSDP2 models kernelized after
+``fully_shard`` on eager's path (found 2026-12-05).
+
+Which parameters fully_shard manages, and as what, is kept only in its private state
+(``FSDPParam``, reached through ``torch.distributed._composable_state``). This module reads it
+defensively: on a torch that keeps it elsewhere every lookup answers "not managed", and the refusal
+then treats the shard as it did before (refused, with a reason naming FSDP2).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+
+@dataclass(frozen=True)
+class Gathered:
+    """A parameter as fully_shard hands it to forward."""
+
+    dtype: torch.dtype
+    # True: gathered over the data-parallel dims into a DTensor that stays sharded for tensor
+    # parallelism (fully_shard over DTensor parameters, a 2-D mesh); False: a plain Parameter.
+    dtensor: bool
+
+
+def original_class(cls: type) -> type:
+    """The class fully_shard derived ``cls`` from (``FSDPGemmaMLP`` -> ``GemmaMLP``), else ``cls``.
+
+    fully_shard makes ``type(f"FSDP{name}", (FSDPModule, cls), ...)`` and swaps the instance's class;
+    the generated class defines no ``forward`` of its own."""
+    bases = cls.__bases__
+    if (len(bases) == 2 and bases[0].__name__ == "FSDPModule" and cls.__name__ == f"FSDP{bases[1].__name__}"
+            and bases[0].__module__.startswith("torch.distributed")):
+        return bases[1]
+    return cls
+
+
+def _fsdp_params():
+    """Every ``FSDPParam`` of every live fully_shard state (none if this torch keeps them elsewhere)."""
+    try:
+        from torch.distributed import _composable_state
+    except ImportError:
+        return
+    for ref in list(getattr(_composable_state, "_module_state_mapping", {}).values()):
+        state = ref()
+        groups = getattr(state, "_fsdp_param_groups", None)  # torch 2.13: one list per state
+        if groups is None:
+            try:
+                group = getattr(state, "_fsdp_param_group", None)  # earlier: at most one group
+            except Exception:  # noqa: BLE001 - a property that may refuse; then nothing is known
+                continue
+            groups = [] if group is None else [group]
+        for group in groups:
+            yield from getattr(group, "fsdp_params", ())
+
+
+def gathered(param: torch.Tensor | None) -> Gathered | None:
+    """How fully_shard presents ``param`` (a sharded parameter as found on its module between steps)
+    to forward; None when fully_shard does not manage it (or this torch hides how)."""
+    if param is None or not _is_dtensor(param):
+        return None
+    for fp in _fsdp_params():
+        if getattr(fp, "sharded_param", None) is param:
+            dtype = getattr(fp, "param_dtype", None) or getattr(fp, "orig_dtype", None) or param.dtype
+            return Gathered(dtype=dtype, dtensor=bool(getattr(fp, "is_dtensor", True)))
+    return None
+
+
+def _is_dtensor(t: torch.Tensor) -> bool:
+    try:
+        from torch.distributed.tensor import DTensor
+    except ImportError:
+        return False
+    return isinstance(t, DTensor)
+
+
+def managed(module: nn.Module) -> bool:
+    """Whether fully_shard manages ``module``'s parameters (it marks every such module for Dynamo)."""
+    return bool(getattr(module, "_is_fsdp_managed_module", False))
