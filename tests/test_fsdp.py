@@ -4,9 +4,11 @@ fully_shard keeps parameters as ``Shard(0)`` DTensors between steps and all-gath
 Parameters for forward, where the kernel layer reads them. Until 2026-12-05 kernelize after fully_shard
 refused every MLP (the shards looked like tensor parallelism) and did not see MLPs that were themselves
 fully_shard units (their class is ``FSDP<Class>``): the model trained on eager's path. Here, in both
-orders of kernelize and fully_shard, per decoder layer and per MLP, with HSDP's 2-D mesh and with bf16
-mixed precision, the fused MLP runs (its autograd node is in the graph of every step) and the losses,
-gradients and updated weights match the unsharded eager model. fully_shard over tensor-parallel
+orders of kernelize and fully_shard, per decoder layer and per MLP, with HSDP's 2-D mesh, with bf16
+mixed precision and with each sharded decoder layer compiled, the fused MLP runs in every step (its
+autograd node is in the graph; compiled, its ops are in the profile) and the losses and the gradients of
+two SGD steps are within twice the error of the same sharded model without the kernel, against the
+unsharded model in float64. fully_shard over tensor-parallel
 weights (a 2-D data x tensor mesh) is refused by name and trains on the host's path, unchanged.
 
 Every case runs in one pair of processes (process start-up is most of the cost on two cores).
@@ -29,20 +31,23 @@ pytest.importorskip("transformers")
 if not hasattr(torch.distributed, "is_available") or not torch.distributed.is_available():
     pytest.skip("torch.distributed is not available in this build", allow_module_level=True)
 
-# name -> (kernelize before fully_shard, fully_shard each MLP too, mesh, bf16 mixed precision)
+# name -> (kernelize before fully_shard, fully_shard each MLP too, mesh, bf16 mixed precision,
+#          torch.compile each decoder layer after sharding)
 CASES = {
-    "layers-after": (False, False, "fsdp", False),
-    "layers-before": (True, False, "fsdp", False),
-    "mlp-units-after": (False, True, "fsdp", False),
-    "mlp-units-before": (True, True, "fsdp", False),
-    "hsdp-after": (False, False, "hsdp", False),
-    "bf16-after": (False, False, "fsdp", True),
+    "layers-after": (False, False, "fsdp", False, False),
+    "layers-before": (True, False, "fsdp", False, False),
+    "mlp-units-after": (False, True, "fsdp", False, False),
+    "mlp-units-before": (True, True, "fsdp", False, False),
+    "hsdp-after": (False, False, "hsdp", False, False),
+    "bf16-after": (False, False, "fsdp", True, False),
+    "compiled-layers-after": (False, False, "fsdp", False, True),
 }
 STEPS = 2
 
 
 def _fused_nodes(loss: torch.Tensor) -> int:
-    """Autograd nodes of the fused MLP (C++ node or Python Function) in ``loss``'s graph."""
+    """Autograd nodes of the fused MLP (C++ node or Python Function) in ``loss``'s graph (a compiled
+    graph is one node of its own: see _fused_op_calls)."""
     seen, stack, count = set(), [loss.grad_fn], 0
     while stack:
         node = stack.pop()
@@ -64,7 +69,7 @@ def _gemma(seed: int):
     return GemmaForCausalLM(cfg).train()
 
 
-def _shard(model, mesh, per_mlp: bool, bf16: bool):
+def _shard(model, mesh, per_mlp: bool, bf16: bool, compiled: bool = False):
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
     policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if bf16 \
@@ -74,19 +79,39 @@ def _shard(model, mesh, per_mlp: bool, bf16: bool):
             fully_shard(layer.mlp, mesh=mesh, mp_policy=policy)
         fully_shard(layer, mesh=mesh, mp_policy=policy)
     fully_shard(model, mesh=mesh, mp_policy=policy)
+    return _compile_layers(model) if compiled else model
+
+
+def _compile_layers(model):
+    for layer in model.model.layers:
+        layer.compile()
     return model
 
 
-def _train(model, ids, steps: int = STEPS):
-    """Losses, fused-node counts and the layer-0 MLP gradients of ``steps`` SGD steps."""
+def _fused_op_calls(prof) -> int:
+    """MLPs a compiled step ran fused: calls of the kernel's MLP forward ops in a profile (the CPU
+    variant's graph calls ``geglu_mlp_train_fwd`` once per MLP, then ``geglu_mlp_gemm_bwd_keep``)."""
+    return sum(1 for e in prof.events() if "fused_geglu" in e.name and "::geglu_mlp" in e.name and "fwd" in e.name)
+
+
+def _train(model, ids, steps: int = STEPS, compiled: bool = False):
+    """Losses, fused-node counts (compiled: calls of the MLP ops) and the layer-0 MLP gradients of
+    ``steps`` SGD steps."""
     from torch.distributed.tensor import DTensor
+    from torch.profiler import ProfilerActivity, profile
 
     opt = torch.optim.SGD(model.parameters(), lr=0.5)
     losses, nodes, grads = [], [], []
     for _ in range(steps):
-        loss = model(input_ids=ids, labels=ids).loss
-        nodes.append(_fused_nodes(loss))
-        loss.backward()
+        if compiled:
+            with profile(activities=[ProfilerActivity.CPU]) as prof:
+                loss = model(input_ids=ids, labels=ids).loss
+                loss.backward()
+            nodes.append(_fused_op_calls(prof))
+        else:
+            loss = model(input_ids=ids, labels=ids).loss
+            nodes.append(_fused_nodes(loss))
+            loss.backward()
         losses.append(loss.detach())  # float32 (also under the bf16 policy: logits are upcast), the reference float64
         mlp = model.model.layers[0].mlp
         grads.append([(p.grad.full_tensor() if isinstance(p.grad, DTensor) else p.grad).detach().clone()
@@ -113,18 +138,24 @@ def _worker(rank: int, world: int, port: int, result_dir: str) -> None:
         # The reference: the unsharded eager model in float64. Each case is held to the project's rule
         # against it: at most twice the error of the eager model under the same fully_shard and policy.
         ref_losses, _, ref_grads = _train(_gemma(0).double(), ids)
-        for name, (before, per_mlp, mesh_kind, bf16) in CASES.items():
+        for name, (before, per_mlp, mesh_kind, bf16, compiled) in CASES.items():
             mesh = init_device_mesh("cpu", (world,)) if mesh_kind == "fsdp" else \
                 init_device_mesh("cpu", (1, world), mesh_dim_names=("replicate", "shard"))
             model = _gemma(0)
-            report = kernelize(model, mode=Mode.TRAINING, device="cpu", source="hub") if before else None
-            _shard(model, mesh, per_mlp, bf16)
+            mode = Mode.TRAINING | Mode.TORCH_COMPILE if compiled else Mode.TRAINING
+            report = kernelize(model, mode=mode, device="cpu", source="hub") if before else None
+            _shard(model, mesh, per_mlp, bf16, compiled=False)
             if not before:
-                report = kernelize(model, mode=Mode.TRAINING, device="cpu", source="hub")
+                report = kernelize(model, mode=mode, device="cpu", source="hub")
             assert report.replaced_count == 2 and not report.refused, f"{name}: {report}"
-            losses, nodes, grads = _train(model, ids)
+            if compiled:
+                _compile_layers(model)
+            losses, nodes, grads = _train(model, ids, compiled=compiled)
+            if compiled:  # the first step also traces the graph, which calls the ops on fake tensors
+                nodes[0] = min(nodes[0], 2)
             assert nodes == [2] * STEPS, f"{name}: fused MLP nodes per step {nodes} (2 layers)"
-            eager_losses, eager_nodes, eager_grads = _train(_shard(_gemma(0), mesh, per_mlp, bf16), ids)
+            eager_losses, eager_nodes, eager_grads = _train(_shard(_gemma(0), mesh, per_mlp, bf16, compiled), ids,
+                                                            compiled=compiled)
             assert eager_nodes == [0] * STEPS
             _numerics.assert_close(losses, ref_losses, eager_losses, what=f"{name} losses")
             # Under the bf16 policy the first SGD step (lr 0.5) already moves eager's second-step
