@@ -188,3 +188,24 @@ def _worker(rank: int, world: int, port: int, result_dir: str) -> None:
 def test_fsdp2_kernelized_gemma_trains_fused_and_matches_eager(kernel, tmp_path):
     mp.spawn(_worker, args=(2, _free_port(), str(tmp_path)), nprocs=2, join=True)
     assert all((tmp_path / f"rank{r}").read_text() == "ok" for r in range(2))
+
+
+def test_fsdp_class_unwrapping_and_lookups_are_narrow():
+    """Only fully_shard's generated ``FSDP<Class>`` (bases ``(FSDPModule, Class)``) maps back to its class;
+    a user's class that merely starts with "FSDP", or derives from a family class, stays itself; a
+    tensor fully_shard does not manage has no gathered form."""
+    from torch import nn
+    from torch.distributed.fsdp import FSDPModule
+
+    from fused_geglu_tools.hf import fsdp
+
+    class GemmaLikeMLP(nn.Module):
+        pass
+
+    generated = type("FSDPGemmaLikeMLP", (FSDPModule, GemmaLikeMLP), {})
+    assert fsdp.original_class(generated) is GemmaLikeMLP
+    assert fsdp.original_class(type("FSDPGemmaLikeMLP", (GemmaLikeMLP,), {})) is not GemmaLikeMLP
+    assert fsdp.original_class(type("Other", (FSDPModule, GemmaLikeMLP), {})).__name__ == "Other"
+    assert fsdp.original_class(nn.Linear) is nn.Linear
+    assert fsdp.gathered(nn.Parameter(torch.ones(2))) is None and fsdp.gathered(None) is None
+    assert not fsdp.managed(nn.Linear(2, 2))
