@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import copy
 import importlib
 from types import MethodType
 
@@ -81,7 +82,8 @@ class _SparsityBuffer(_SpyHost):
 
 
 _DEFER_CASES = ["silu", "sparsity", "sparsity-property", "sparsity-buffer", "dropout-training", "hooked-down-proj",
-                "backward-hooked-up-proj", "bias-outside-parameters", "gate-proj-subclass", "autocast", "float64"]
+                "backward-hooked-up-proj", "bias-outside-parameters", "gate-proj-subclass", "autocast", "float64",
+                "spectral-norm-up-proj"]
 
 
 @pytest.mark.parametrize("case", _DEFER_CASES)
@@ -106,10 +108,13 @@ def test_geglu_mlp_layer_defers_to_the_host_where_it_cannot_fuse(kernel, device,
     if case == "gate-proj-subclass":
         lin = type("Scaled", (nn.Linear,), {"forward": lambda self, t: 2 * nn.Linear.forward(self, t)})(16, 32)
         host.gate_proj = lin.to(device)
+    if case == "spectral-norm-up-proj":  # added after kernelize; in training each read of the weight
+        nn.utils.parametrizations.spectral_norm(host.up_proj)  # advances a power iteration
     autocast = torch.autocast(device, dtype=torch.bfloat16) if case == "autocast" else contextlib.nullcontext()
     x = randn(4, 16, device=device, dtype=dtype)
+    twin = copy.deepcopy(host)  # the host's state before the call (spectral_norm's vectors change in it)
     with autocast:
-        expected = _HostMLP.forward(host, x)
+        expected = _HostMLP.forward(twin, x)
         _SpyHost.calls = 0
         got = MethodType(kernel.layers.GeGLUMLP.forward, host)(x)
     assert _SpyHost.calls == 1, "the layer must run the host's own forward here"
@@ -225,6 +230,16 @@ class _LongT5Like(_T5Host):
 _LongT5Like.__name__ = "LongT5DenseGatedActDense"
 
 
+class _T5Like(_T5Host):
+    """transformers' T5DenseGatedActDense.forward as it is (it reads wo.weight for its cast)."""
+
+    def forward(self, x):
+        h = self.dropout(self.act(self.wi_0(x)) * self.wi_1(x))
+        if isinstance(self.wo.weight, torch.Tensor) and h.dtype != self.wo.weight.dtype and self.wo.weight.dtype != torch.int8:
+            h = h.to(self.wo.weight.dtype)
+        return self.wo(h)
+
+
 def test_t5_layer_keeps_a_non_casting_host_exact_when_wo_dtype_differs(kernel, device):
     """LongT5 does not cast h to wo's dtype: with wo moved to float32 after kernelize its forward raises,
     and so must the layer (it keeps the host's forward), not return a result the host would not."""
@@ -241,3 +256,23 @@ def test_t5_layer_keeps_a_non_casting_host_exact_when_wo_dtype_differs(kernel, d
         host(x)
     with pytest.raises(RuntimeError, match="dtype"):
         layer_forward(x)
+
+
+@pytest.mark.parametrize("host_cls", ["T5", "LongT5"])
+def test_t5_layer_reads_a_parametrized_wo_as_often_as_its_host(kernel, device, host_cls):
+    """spectral_norm put on wo after kernelize: in training every read of wo.weight advances its power
+    iteration, so the layer must leave wo to the host's forward (until 2026-12-05 it ran the fused GeGLU
+    and then T5's tail, which reads wo.weight fewer times than T5's forward; LongT5's dtype check read it
+    once more)."""
+    host = _LongT5Like() if host_cls == "LongT5" else _T5Like()
+    host.wi_0, host.wi_1 = nn.Linear(16, 32, bias=False), nn.Linear(16, 32, bias=False)
+    host.wo = nn.Linear(32, 16, bias=False)
+    host.act, host.dropout = nn.GELU(approximate="tanh"), nn.Dropout(0.0)
+    host.to(device)
+    nn.utils.parametrizations.spectral_norm(host.wo)
+    twin = copy.deepcopy(host)
+    x = randn(4, 16, device=device)
+    got = MethodType(kernel.layers.T5GeGLUDense.forward, host)(x)
+    torch.testing.assert_close(got, twin(x), rtol=0, atol=0)
+    torch.testing.assert_close(host.wo.parametrizations.weight[0]._u, twin.wo.parametrizations.weight[0]._u,
+                               rtol=0, atol=0)

@@ -170,6 +170,11 @@ def _tensor_parallel_mlp(module: nn.Module, x: torch.Tensor, approx: str):
     from torch.distributed.tensor import DTensor, Replicate, Shard
 
     gate, up, down = module.gate_proj, module.up_proj, module.down_proj
+    if type(gate) is not nn.Linear or type(up) is not nn.Linear or type(down) is not nn.Linear:
+        # A parametrized projection (its class is swapped for "ParametrizedLinear") computes its weight
+        # on every read; spectral_norm also advances its power iteration in training, so one read here
+        # and the host's own made the fallback differ from the host (found 2026-12-05).
+        return None
     weights = (gate.weight, up.weight, down.weight)
     if not all(isinstance(w, DTensor) for w in weights):
         return None
@@ -254,6 +259,10 @@ class T5GeGLUDense(nn.Module):
         act, dropout = _host_attr(self, "act"), _host_attr(self, "dropout")
         approx = None if _hooked(act) or _hooked(dropout) else gelu_approximation(act)
         inner = None if approx is None else _projection_operands(self, hidden_states, ("wi_0", "wi_1"))
+        if inner is not None and type(_host_attr(self, "wo")) is not nn.Linear:
+            # A parametrized (or wrapped) wo: its weight is computed on each read, and spectral_norm
+            # advances its state in training, so only the host's forward reads it as the host does.
+            inner = None
         if inner is not None and type(self).__name__ in _T5_NO_CAST and _wo_dtype(self) != hidden_states.dtype:
             inner = None  # this host does not cast h to wo's dtype (F.linear then refuses): its forward decides
         if inner is None:
