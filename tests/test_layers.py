@@ -82,7 +82,7 @@ class _SparsityBuffer(_SpyHost):
 
 
 _DEFER_CASES = ["silu", "sparsity", "sparsity-property", "sparsity-buffer", "dropout-training", "hooked-down-proj",
-                "backward-hooked-up-proj", "bias-outside-parameters", "gate-proj-subclass", "autocast", "float64",
+                "backward-hooked-up-proj", "bias-outside-parameters", "gate-proj-subclass", "float64",
                 "spectral-norm-up-proj"]
 
 
@@ -110,7 +110,8 @@ def test_geglu_mlp_layer_defers_to_the_host_where_it_cannot_fuse(kernel, device,
         host.gate_proj = lin.to(device)
     if case == "spectral-norm-up-proj":  # added after kernelize; in training each read of the weight
         nn.utils.parametrizations.spectral_norm(host.up_proj)  # advances a power iteration
-    autocast = torch.autocast(device, dtype=torch.bfloat16) if case == "autocast" else contextlib.nullcontext()
+    # Autocast to a dtype the kernels do not compute in (float32 is accepted by autocast on CPU and CUDA).
+    autocast = torch.autocast(device, dtype=torch.float32) if case == "autocast-float32" else contextlib.nullcontext()
     x = randn(4, 16, device=device, dtype=dtype)
     twin = copy.deepcopy(host)  # the host's state before the call (spectral_norm's vectors change in it)
     with autocast:
@@ -173,15 +174,21 @@ def test_layers_keep_a_float64_host_exact(kernel, device):
     torch.testing.assert_close(MethodType(kernel.layers.T5GeGLUDense.forward, t5)(x), want, rtol=0, atol=0)
 
 
-@pytest.mark.parametrize("case", ["plain", "no-bias", "autocast", "dtype-mismatch", "forward-hook"])
+@pytest.mark.parametrize("case", ["plain", "no-bias", "autocast", "dtype-mismatch", "forward-hook",
+                                  "bias-outside-parameters"])
 def test_linear_bias_layer_matches_its_host(kernel, device, case):
     """``LinearBias`` on an ``nn.Linear`` host gives what the host gives: the kernel's linear where it
-    computes the same function, the host's F.linear under autocast or on another dtype (where
-    F.linear itself casts or refuses), and the host's own forward hooks either way."""
+    computes the same function (under autocast on the operands autocast's linear would cast), the host's
+    F.linear on another dtype (where F.linear refuses) or with a bias that is no longer a parameter, and
+    the host's own forward hooks either way."""
     host = nn.Linear(24, 40, bias=case != "no-bias").to(device)
     x = randn(3, 5, 24, device=device, dtype=torch.float16 if case == "dtype-mismatch" else torch.float32)
     if case == "forward-hook":
         host.register_forward_hook(lambda mod, args, out: out * 2)
+    if case == "bias-outside-parameters":  # a plain tensor attribute: F.linear(x, w, self.bias) still adds it
+        bias = host.bias.detach() + 1
+        del host.bias
+        host.bias = bias
     autocast = torch.autocast(device, dtype=torch.bfloat16) if case == "autocast" else contextlib.nullcontext()
     with autocast:
         if case == "dtype-mismatch":
@@ -197,8 +204,8 @@ def test_linear_bias_layer_matches_its_host(kernel, device, case):
             return
         got = host(x)
     assert got.dtype == expected.dtype
-    assert (kernel.last_backend("linear") is None) == (case == "autocast"), "which path ran"
-    if case == "autocast":  # the host's F.linear under autocast: the same call
+    assert (kernel.last_backend("linear") is None) == (case == "bias-outside-parameters"), "which path ran"
+    if case == "bias-outside-parameters":  # the host's own F.linear: the same call
         torch.testing.assert_close(got, expected, rtol=0, atol=0)
         return
     ref = kernel.reference.linear_ref(x, host.weight.detach(), None if host.bias is None else host.bias.detach())
@@ -276,3 +283,63 @@ def test_t5_layer_reads_a_parametrized_wo_as_often_as_its_host(kernel, device, h
     torch.testing.assert_close(got, twin(x), rtol=0, atol=0)
     torch.testing.assert_close(host.wo.parametrizations.weight[0]._u, twin.wo.parametrizations.weight[0]._u,
                                rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("amp_dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+@pytest.mark.parametrize("case", ["gemma-tanh", "gemma-exact-bias", "t5", "t5-dropout"])
+def test_layers_run_fused_under_autocast(kernel, device, amp_dtype, case):
+    """A float32 model under torch.autocast (Trainer's bf16=True): the host's projections run autocast's
+    linear (every operand cast to the autocast dtype), and so does the layer, fused: the output in the
+    autocast dtype, float32 gradients for float32 parameters, and each within twice the error of the host's
+    own autocast forward against float64. (Until 2026-12-05 autocast sent every call to the host.)"""
+    torch.manual_seed(0)
+    h, i = 48, 96
+    if case.startswith("gemma"):
+        approx = "tanh" if case == "gemma-tanh" else "none"
+        host = _HostMLP(h, i, nn.GELU(approximate=approx), bias=case.endswith("bias")).to(device)
+        names, op, layer = ("gate_proj", "up_proj", "down_proj"), "geglu_mlp", kernel.layers.GeGLUMLP
+    else:
+        approx = "tanh"
+        host = _T5Like()
+        host.wi_0, host.wi_1 = nn.Linear(h, i, bias=False), nn.Linear(h, i, bias=False)
+        host.wo = nn.Linear(i, h, bias=False)
+        host.act = nn.GELU(approximate="tanh")
+        host.dropout = nn.Dropout(0.25 if case == "t5-dropout" else 0.0)
+        host.to(device)
+        names, layer = ("wi_0", "wi_1", "wo"), kernel.layers.T5GeGLUDense
+        op = "geglu" if case == "t5-dropout" else "geglu_mlp"  # dropout: the host's projections + fused GeGLU
+    params = [p for n in names for p in getattr(host, n).parameters()]
+    x = randn(4, 16, h, device=device, requires_grad=True)
+    dy = randn(4, 16, h, device=device)
+
+    def step(forward):
+        for t in (x, *params):
+            t.grad = None
+        torch.manual_seed(1)  # the same dropout mask for both
+        with torch.autocast(device, dtype=amp_dtype):
+            y = forward(x)
+        y.backward(dy.to(y.dtype))
+        return y.detach(), [x.grad.clone()] + [p.grad.clone() for p in params]
+
+    expected, eager_grads = step(host)
+    importlib.import_module(f"{kernel.__name__}._dispatch")._last.pop(op, None)
+    got, grads = step(MethodType(layer.forward, host))
+    assert kernel.last_backend(op) is not None, "the fused op did not run"
+    assert got.dtype == expected.dtype == amp_dtype
+    assert [g.dtype for g in grads] == [g.dtype for g in eager_grads] == [torch.float32] * len(grads)
+
+    x64 = x.detach().double().requires_grad_()
+    p64 = [p.detach().double().requires_grad_() for p in params]
+    w = dict(zip([f"{n}.{k}" for n in names for k, _ in getattr(host, n).named_parameters()], p64))
+    if case.startswith("gemma"):
+        ref = kernel.reference.geglu_mlp_ref(x64, w["gate_proj.weight"], w["up_proj.weight"], w["down_proj.weight"],
+                                             w.get("gate_proj.bias"), w.get("up_proj.bias"), w.get("down_proj.bias"),
+                                             approx)
+    else:
+        torch.manual_seed(1)
+        hid = kernel.reference.gelu(x64 @ w["wi_0.weight"].t(), approx) * (x64 @ w["wi_1.weight"].t())
+        ref = nn.functional.dropout(hid, host.dropout.p, training=True) @ w["wo.weight"].t()
+    ref_grads = torch.autograd.grad(ref, [x64, *p64], dy.double())
+    assert_close(got, ref, expected, f"{case} output")
+    for k, (g, r, e) in enumerate(zip(grads, ref_grads, eager_grads)):
+        assert_close(g, r, e, f"{case} gradient {k}")

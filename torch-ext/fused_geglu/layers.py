@@ -5,11 +5,17 @@ members but ``forward``, ``has_backward`` and ``can_torch_compile``; ``forward``
 arity as the forward it replaces; all state is read from the host module's own attributes.
 
 Every layer checks, per call, that the fused computation is exactly what the host would compute
-(a GELU it recognises, plain dense weights, no autocast, no dropout active, no activation
-sparsity) and otherwise calls the host class's own ``forward`` (kernelize replaces the instance's
+(a GELU it recognises, plain dense weights, no dropout active, no activation sparsity) and
+otherwise calls the host class's own ``forward`` (kernelize replaces the instance's
 ``forward`` only), so a replacement can never change results. The
 transformers integration also refuses such modules up front (``condition=``), so this is a
 backstop, not the plan.
+
+Under autocast (a float32 model trained with ``torch.autocast``, Trainer's ``bf16=True``) the host's
+projections run autocast's ``linear``: every operand cast to the autocast dtype, the output in it, and
+the GELU and product on those outputs. The layers do the same casts themselves and run the fused op on
+the cast operands with autocast off; the casts are differentiable, so float32 parameters get float32
+gradients as they do from autocast's casts. (Until 2026-12-05 autocast sent every call to the host.)
 """
 
 from __future__ import annotations
@@ -68,11 +74,14 @@ def _host_attr(module: nn.Module, name: str, default=None):
     return default if value is _MISSING else value
 
 
-def _projection_operands(module: nn.Module, x: torch.Tensor, names: tuple[str, ...]) -> list | None:
+def _projection_operands(module: nn.Module, x: torch.Tensor, names: tuple[str, ...],
+                         cast: torch.dtype | None = None) -> list | None:
     """``[weight, bias, weight, bias, ...]`` of the host's projections ``names`` when a fused op
     computes exactly what they would, else None: each a plain dense ``nn.Linear`` (no subclass, no
-    parametrization, no DTensor) without hooks, on x's dtype and device, autocast off, in a dtype the
-    kernels compute (a float64 model keeps its own forward).
+    parametrization, no DTensor) without hooks, on x's device, in a dtype the kernels compute (a
+    float64 model keeps its own forward) and, without autocast (``cast`` None), in x's dtype. Under
+    autocast (``cast``: its dtype, from ``_autocast_cast``) any of those dtypes will do, since autocast's
+    ``linear`` casts every operand; the caller casts them (``_cast``) when it runs the fused op.
 
     Hooks matter: tensor parallelism (transformers' TP plans, ``parallelize_module``) and
     offloading do their communication in forward hooks on the projections, which calling the
@@ -101,10 +110,18 @@ def _projection_operands(module: nn.Module, x: torch.Tensor, names: tuple[str, .
             weight, bias = params.get("weight"), params.get("bias", _MISSING)
             if bias is _MISSING:  # moved out of the parameters by someone: not plain
                 return None
-        if type(weight) not in _PLAIN or weight.dtype != dtype or weight.device != device:
+        if type(weight) not in _PLAIN or weight.device != device:
+            return None
+        if weight.dtype != dtype if cast is None else (
+                weight.dtype not in FLOAT_DTYPES or (bias is not None and bias.dtype not in FLOAT_DTYPES)):
             return None
         out += (weight, bias)
-    return None if _autocast_on(device) else out
+    return out
+
+
+def _cast(dtype: torch.dtype, *tensors):
+    """The tensors (None stays None) cast to ``dtype``, differentiably: autocast's casts of one call."""
+    return [t if t is None else t.to(dtype) for t in tensors]
 
 
 _ANY_AUTOCAST = getattr(torch._C, "_is_any_autocast_enabled", None)
@@ -116,6 +133,23 @@ def _autocast_on(device: torch.device) -> bool:
     if _ANY_AUTOCAST is not None and not torch.compiler.is_compiling() and not _ANY_AUTOCAST():
         return False
     return torch.is_autocast_enabled(device.type)
+
+
+def _autocast_cast(device: torch.device) -> torch.dtype | None | bool:
+    """None when autocast is off for ``device``'s type; its dtype when the kernels compute in it
+    (float16, bfloat16); False for any other autocast dtype (the host's forward runs)."""
+    if not _autocast_on(device):
+        return None
+    get_dtype = getattr(torch, "get_autocast_dtype", None)
+    dtype = get_dtype(device.type) if get_dtype is not None else None
+    return dtype if dtype in (torch.float16, torch.bfloat16) else False
+
+
+def _without_autocast(device: torch.device, fn, *args, **kwargs):
+    """``fn(*args, **kwargs)`` with autocast off: the operands are already cast, and the ops inside the
+    fused call (the GEMMs and reductions of its eager paths) must not be cast again."""
+    with torch.autocast(device.type, enabled=False):
+        return fn(*args, **kwargs)
 
 
 def _host_forward(module: nn.Module, layer_cls: type, plain, *args):
@@ -225,12 +259,16 @@ class GeGLUMLP(nn.Module):
         sparsity = _host_attr(self, "activation_sparsity", 0.0)  # Gemma3n: top-k on gate first
         # T5Gemma: dropout between act*up and down, which only training applies (and its hooks fire always).
         dropout = _host_attr(self, "dropout")
-        if approx is not None and not sparsity and not _hooked(dropout) and not (
+        cast = _autocast_cast(x.device)
+        if approx is not None and cast is not False and not sparsity and not _hooked(dropout) and not (
                 self.training and getattr(dropout, "p", 0.0) > 0):
-            operands = _projection_operands(self, x, ("gate_proj", "up_proj", "down_proj"))
+            operands = _projection_operands(self, x, ("gate_proj", "up_proj", "down_proj"), cast)
             if operands is not None:
                 w_gate, b_gate, w_up, b_up, w_down, b_down = operands
-                return geglu_mlp(x, w_gate, w_up, w_down, b_gate, b_up, b_down, approximate=approx)
+                if cast is None:
+                    return geglu_mlp(x, w_gate, w_up, w_down, b_gate, b_up, b_down, approximate=approx)
+                return _without_autocast(x.device, geglu_mlp, *_cast(cast, x, w_gate, w_up, w_down, b_gate, b_up,
+                                                                      b_down), approximate=approx)
             y = _tensor_parallel_mlp(self, x, approx)
             if y is not None:
                 return y
@@ -258,21 +296,31 @@ class T5GeGLUDense(nn.Module):
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
         act, dropout = _host_attr(self, "act"), _host_attr(self, "dropout")
         approx = None if _hooked(act) or _hooked(dropout) else gelu_approximation(act)
-        inner = None if approx is None else _projection_operands(self, hidden_states, ("wi_0", "wi_1"))
+        cast = _autocast_cast(hidden_states.device)
+        inner = None if approx is None or cast is False else \
+            _projection_operands(self, hidden_states, ("wi_0", "wi_1"), cast)
         if inner is not None and type(_host_attr(self, "wo")) is not nn.Linear:
             # A parametrized (or wrapped) wo: its weight is computed on each read, and spectral_norm
             # advances its state in training, so only the host's forward reads it as the host does.
             inner = None
-        if inner is not None and type(self).__name__ in _T5_NO_CAST and _wo_dtype(self) != hidden_states.dtype:
+        if (inner is not None and cast is None and type(self).__name__ in _T5_NO_CAST
+                and _wo_dtype(self) != hidden_states.dtype):
             inner = None  # this host does not cast h to wo's dtype (F.linear then refuses): its forward decides
+            # (under autocast its wo casts h, as every other operand, to the autocast dtype)
         if inner is None:
             return _host_forward(self, T5GeGLUDense,
                                  lambda t: _t5_tail(self, self.act(self.wi_0(t)) * self.wi_1(t)), hidden_states)
         dropout_active = self.training and getattr(dropout, "p", 0.0) > 0
-        outer = None if dropout_active else _projection_operands(self, hidden_states, ("wo",))
+        outer = None if dropout_active else _projection_operands(self, hidden_states, ("wo",), cast)
         if outer is not None:
             w_0, b_0, w_1, b_1 = inner
-            return geglu_mlp(hidden_states, w_0, w_1, outer[0], b_0, b_1, outer[1], approximate=approx)
+            if cast is None:
+                return geglu_mlp(hidden_states, w_0, w_1, outer[0], b_0, b_1, outer[1], approximate=approx)
+            return _without_autocast(hidden_states.device, geglu_mlp,
+                                     *_cast(cast, hidden_states, w_0, w_1, outer[0], b_0, b_1, outer[1]),
+                                     approximate=approx)
+        # Dropout between the product and wo: the host's projections (under autocast, autocast's linear),
+        # the fused GeGLU on their outputs, then T5's tail.
         return _t5_tail(self, geglu(self.wi_0(hidden_states), self.wi_1(hidden_states), approximate=approx))
 
 
@@ -314,10 +362,16 @@ class LinearBias(nn.Module):
                 weight, bias = self.weight, self.bias
             else:
                 params = self.__dict__["_parameters"]
-                weight, bias = params.get("weight"), params.get("bias")
-            if (type(weight) in _PLAIN and input.dtype == weight.dtype and input.dtype in FLOAT_DTYPES
-                    and input.device == weight.device and not _autocast_on(input.device)):
-                return linear(input, weight, bias)
+                # A bias moved out of the parameters (a plain tensor attribute now) is still the host's
+                # bias: the host's F.linear reads it, so the layer leaves the call to F.linear too.
+                weight, bias = params.get("weight"), params.get("bias", _MISSING)
+            if (type(weight) in _PLAIN and bias is not _MISSING and input.device == weight.device
+                    and input.dtype in FLOAT_DTYPES):
+                if input.dtype == weight.dtype and not _autocast_on(input.device):
+                    return linear(input, weight, bias)
+                cast = _autocast_cast(input.device)  # autocast's linear: every operand in its dtype
+                if cast and weight.dtype in FLOAT_DTYPES and (bias is None or bias.dtype in FLOAT_DTYPES):
+                    return _without_autocast(input.device, linear, *_cast(cast, input, weight, bias))
         return nn.functional.linear(input, self.weight, self.bias)
 
 
