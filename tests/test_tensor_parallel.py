@@ -5,6 +5,7 @@ outputs and gradients match the unsharded model."""
 
 from __future__ import annotations
 
+import importlib
 import os
 import socket
 import sys
@@ -80,6 +81,18 @@ def _worker(rank: int, world: int, port: int, bias: bool, result_dir: str) -> No
         if bias:
             torch.testing.assert_close(tp.gate_proj.bias.grad.to_local(), ref.gate_proj.bias.grad[lo:hi], rtol=1e-5, atol=1e-5)
             torch.testing.assert_close(tp.down_proj.bias.grad.to_local(), ref.down_proj.bias.grad, rtol=1e-5, atol=1e-5)
+        # Under autocast (bf16) the local shards are cast as autocast's linear casts them and run fused:
+        # within twice the unsharded eager autocast model's error against float64.
+        import copy
+
+        import _numerics
+
+        importlib.import_module(f"{k.__name__}._dispatch")._last.pop("geglu_mlp", None)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            y_amp, y_amp_eager = tp(x), ref(x)
+        assert k.last_backend("geglu_mlp") is not None, "autocast: the fused MLP did not run"
+        assert y_amp.dtype == y_amp_eager.dtype == torch.bfloat16
+        _numerics.assert_close(y_amp, copy.deepcopy(ref).double()(x.double()), y_amp_eager, "tensor-parallel autocast")
         Path(result_dir, f"rank{rank}").write_text(f"ok {ran}")
     finally:
         dist.destroy_process_group()

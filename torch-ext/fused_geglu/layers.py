@@ -225,16 +225,23 @@ def _tensor_parallel_mlp(module: nn.Module, x: torch.Tensor, approx: str):
         if x.placements != (Replicate(),):
             return None
         x = x.to_local()
-    if x.dtype != weights[0].dtype or x.dtype not in FLOAT_DTYPES or torch.is_autocast_enabled(x.device.type):
+    cast = _autocast_cast(x.device)  # autocast: the local shards cast as autocast's linear casts them
+    if cast is False or x.dtype not in FLOAT_DTYPES or (cast is None and x.dtype != weights[0].dtype) or (
+            cast is not None and any(t is not None and t.dtype not in FLOAT_DTYPES for t in weights + biases)):
         return None
     group = mesh.get_group()
     x = _CopyToTensorParallel.apply(x, group)
     local = [w.to_local() for w in weights]
-    b_gate, b_up = (None if b is None else b.to_local() for b in biases[:2])
-    y = geglu_mlp(x, *local, b_gate, b_up, None, approximate=approx)
+    b_gate, b_up, b_down = (None if b is None else b.to_local() for b in biases)
+    if cast is None:
+        y = geglu_mlp(x, *local, b_gate, b_up, None, approximate=approx)
+    else:
+        x, *local = _cast(cast, x, *local)
+        b_gate, b_up, b_down = _cast(cast, b_gate, b_up, b_down)
+        y = _without_autocast(x.device, geglu_mlp, x, *local, b_gate, b_up, None, approximate=approx)
     y = _ReduceFromTensorParallel.apply(y, group)
-    if biases[2] is not None:
-        y = y + biases[2].to_local()
+    if b_down is not None:
+        y = y + b_down
     return y
 
 
