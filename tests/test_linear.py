@@ -666,3 +666,46 @@ def test_linear_random_operands(kernel, device, seed):
     o64 = [None if t is None else t.detach().double().requires_grad_(need) for t, need in zip(operands, needs)]
     ref, eager = _eager(*o64, activation), _eager(*operands, activation)
     assert_step_close(y, ref, eager, operands, o64, ("dx", "dW", "db"), case, gen)
+
+
+@pytest.mark.parametrize("backend", [None, *BACKENDS])
+@pytest.mark.parametrize("activation", [None, "gelu_tanh", "gelu"])
+@pytest.mark.parametrize("amp_dtype", [torch.bfloat16, torch.float16], ids=str)
+def test_linear_under_autocast_casts_as_f_linear(kernel, device, backend, activation, amp_dtype):
+    """Under torch.autocast, linear computes what F.linear (then F.gelu) computes there: every operand
+    cast to the autocast dtype, the result in it, float32 gradients for float32 leaves, each within twice
+    eager's error against float64, on every backend. Until 2026-12-05 the dtype depended on the backend:
+    the ATen paths were cast by autocast inside, Triton and cuBLASLt computed in float32."""
+    if backend is not None:
+        _skip_unless(kernel, device, backend, amp_dtype)
+    if backend == "cuda" and activation == "gelu":
+        pytest.skip("cuBLASLt has no exact-GELU epilogue (auto dispatch routes it elsewhere)")
+    g = torch.Generator().manual_seed(7)
+    x = randn(4, 16, 40, device=device, requires_grad=True, gen=g)
+    w = randn(24, 40, device=device, scale=40**-0.5, requires_grad=True, gen=g)
+    b = randn(24, device=device, requires_grad=True, gen=g)
+    dy = randn(4, 16, 24, device=device, gen=g)
+    approx = {None: None, "gelu": "none", "gelu_tanh": "tanh"}[activation]
+
+    def run(fn):
+        for t in (x, w, b):
+            t.grad = None
+        with torch.autocast(device, dtype=amp_dtype):
+            y = fn()
+        y.backward(dy.to(y.dtype))
+        return y.detach(), [t.grad.clone() for t in (x, w, b)]
+
+    def eager():
+        y = F.linear(x, w, b)
+        return y if approx is None else F.gelu(y, approximate=approx)
+
+    expected, eager_grads = run(eager)
+    got, grads = run(lambda: kernel.linear(x, w, b, activation=activation, backend=backend))
+    assert got.dtype == expected.dtype == amp_dtype
+    assert all(g.dtype == torch.float32 for g in grads)
+    x64, w64, b64 = (t.detach().double().requires_grad_() for t in (x, w, b))
+    ref = kernel.reference.linear_ref(x64, w64, b64, activation)
+    ref_grads = torch.autograd.grad(ref, (x64, w64, b64), dy.double())
+    assert_close(got, ref, expected, "output")
+    for name, g, r, e in zip(("dx", "dW", "db"), grads, ref_grads, eager_grads):
+        assert_close(g, r, e, name)

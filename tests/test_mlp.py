@@ -1017,3 +1017,48 @@ def test_geglu_mlp_random_operands(kernel, device, seed):
     eager = _eager(*operands, approximate)
     names = ("dx", "dW_gate", "dW_up", "dW_down", "db_gate", "db_up", "db_down")
     assert_step_close(y, ref, eager, operands, o64, names, case, gen)
+
+
+@pytest.mark.parametrize("backend", [None, *BACKENDS])
+@pytest.mark.parametrize("amp_dtype", [torch.bfloat16, torch.float16], ids=str)
+@pytest.mark.parametrize("bias", [False, True], ids=["nobias", "bias"])
+def test_geglu_mlp_under_autocast_casts_as_f_linear(kernel, device, backend, amp_dtype, bias):
+    """Under torch.autocast, geglu_mlp computes what the eager MLP computes there (each projection's
+    operands cast to the autocast dtype by F.linear, GELU and the product on its outputs): the result in
+    the autocast dtype, float32 gradients for float32 leaves, each within twice eager's error against
+    float64, on every backend (until 2026-12-05 the dtype depended on the backend)."""
+    if backend is not None:
+        _skip_unless(kernel, device, backend, amp_dtype)
+    g = torch.Generator().manual_seed(7)
+    h, i = 40, 72
+    x = randn(4, 16, h, device=device, requires_grad=True, gen=g)
+    ws = [randn(i, h, device=device, scale=h**-0.5, requires_grad=True, gen=g),
+          randn(i, h, device=device, scale=h**-0.5, requires_grad=True, gen=g),
+          randn(h, i, device=device, scale=i**-0.5, requires_grad=True, gen=g)]
+    bs = [randn(n, device=device, requires_grad=True, gen=g) if bias else None for n in (i, i, h)]
+    leaves = [x, *ws, *(t for t in bs if t is not None)]
+    dy = randn(4, 16, h, device=device, gen=g)
+
+    def run(fn):
+        for t in leaves:
+            t.grad = None
+        with torch.autocast(device, dtype=amp_dtype):
+            y = fn()
+        y.backward(dy.to(y.dtype))
+        return y.detach(), [t.grad.clone() for t in leaves]
+
+    def eager():
+        return F.linear(F.gelu(F.linear(x, ws[0], bs[0]), approximate="tanh") * F.linear(x, ws[1], bs[1]), ws[2], bs[2])
+
+    expected, eager_grads = run(eager)
+    got, grads = run(lambda: kernel.geglu_mlp(x, *ws, *bs, approximate="tanh", backend=backend))
+    assert got.dtype == expected.dtype == amp_dtype
+    assert all(g.dtype == torch.float32 for g in grads)
+    leaves64 = [t.detach().double().requires_grad_() for t in leaves]
+    it = iter(leaves64[4:])
+    b64 = [next(it) if t is not None else None for t in bs]
+    ref = kernel.reference.geglu_mlp_ref(leaves64[0], *leaves64[1:4], *b64, "tanh")
+    ref_grads = torch.autograd.grad(ref, leaves64, dy.double())
+    assert_close(got, ref, expected, "output")
+    for k, (g, r, e) in enumerate(zip(grads, ref_grads, eager_grads)):
+        assert_close(g, r, e, f"gradient {k}")

@@ -23,6 +23,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from . import _autocast
 from ._checks import FLOAT_DTYPES
 from .geglu import geglu, geglu_packed
 from .linear import linear
@@ -80,8 +81,8 @@ def _projection_operands(module: nn.Module, x: torch.Tensor, names: tuple[str, .
     computes exactly what they would, else None: each a plain dense ``nn.Linear`` (no subclass, no
     parametrization, no DTensor) without hooks, on x's device, in a dtype the kernels compute (a
     float64 model keeps its own forward) and, without autocast (``cast`` None), in x's dtype. Under
-    autocast (``cast``: its dtype, from ``_autocast_cast``) any of those dtypes will do, since autocast's
-    ``linear`` casts every operand; the caller casts them (``_cast``) when it runs the fused op.
+    autocast (``cast``: its dtype, from ``_autocast.target``) any of those dtypes will do, since autocast's
+    ``linear`` casts every operand, and so does the fused op they are passed to (``_autocast``).
 
     Hooks matter: tensor parallelism (transformers' TP plans, ``parallelize_module``) and
     offloading do their communication in forward hooks on the projections, which calling the
@@ -118,38 +119,6 @@ def _projection_operands(module: nn.Module, x: torch.Tensor, names: tuple[str, .
         out += (weight, bias)
     return out
 
-
-def _cast(dtype: torch.dtype, *tensors):
-    """The tensors (None stays None) cast to ``dtype``, differentiably: autocast's casts of one call."""
-    return [t if t is None else t.to(dtype) for t in tensors]
-
-
-_ANY_AUTOCAST = getattr(torch._C, "_is_any_autocast_enabled", None)
-
-
-def _autocast_on(device: torch.device) -> bool:
-    """``torch.is_autocast_enabled(device.type)``, after a cheaper test for any autocast at all (the
-    per-device query costs about 0.5 µs on the development CPU, and a decode step asks it per layer)."""
-    if _ANY_AUTOCAST is not None and not torch.compiler.is_compiling() and not _ANY_AUTOCAST():
-        return False
-    return torch.is_autocast_enabled(device.type)
-
-
-def _autocast_cast(device: torch.device) -> torch.dtype | None | bool:
-    """None when autocast is off for ``device``'s type; its dtype when the kernels compute in it
-    (float16, bfloat16); False for any other autocast dtype (the host's forward runs)."""
-    if not _autocast_on(device):
-        return None
-    get_dtype = getattr(torch, "get_autocast_dtype", None)
-    dtype = get_dtype(device.type) if get_dtype is not None else None
-    return dtype if dtype in (torch.float16, torch.bfloat16) else False
-
-
-def _without_autocast(device: torch.device, fn, *args, **kwargs):
-    """``fn(*args, **kwargs)`` with autocast off: the operands are already cast, and the ops inside the
-    fused call (the GEMMs and reductions of its eager paths) must not be cast again."""
-    with torch.autocast(device.type, enabled=False):
-        return fn(*args, **kwargs)
 
 
 def _host_forward(module: nn.Module, layer_cls: type, plain, *args):
@@ -225,7 +194,7 @@ def _tensor_parallel_mlp(module: nn.Module, x: torch.Tensor, approx: str):
         if x.placements != (Replicate(),):
             return None
         x = x.to_local()
-    cast = _autocast_cast(x.device)  # autocast: the local shards cast as autocast's linear casts them
+    cast = _autocast.target(x.device)  # autocast: the local shards cast as autocast's linear casts them
     if cast is False or x.dtype not in FLOAT_DTYPES or (cast is None and x.dtype != weights[0].dtype) or (
             cast is not None and any(t is not None and t.dtype not in FLOAT_DTYPES for t in weights + biases)):
         return None
@@ -233,12 +202,9 @@ def _tensor_parallel_mlp(module: nn.Module, x: torch.Tensor, approx: str):
     x = _CopyToTensorParallel.apply(x, group)
     local = [w.to_local() for w in weights]
     b_gate, b_up, b_down = (None if b is None else b.to_local() for b in biases)
-    if cast is None:
-        y = geglu_mlp(x, *local, b_gate, b_up, None, approximate=approx)
-    else:
-        x, *local = _cast(cast, x, *local)
-        b_gate, b_up, b_down = _cast(cast, b_gate, b_up, b_down)
-        y = _without_autocast(x.device, geglu_mlp, x, *local, b_gate, b_up, None, approximate=approx)
+    y = geglu_mlp(x, *local, b_gate, b_up, None, approximate=approx)  # under autocast: cast inside
+    if cast is not None and b_down is not None:
+        (b_down,) = _autocast.cast(cast, b_down)  # as autocast's linear would have cast it
     y = _ReduceFromTensorParallel.apply(y, group)
     if b_down is not None:
         y = y + b_down
@@ -266,16 +232,14 @@ class GeGLUMLP(nn.Module):
         sparsity = _host_attr(self, "activation_sparsity", 0.0)  # Gemma3n: top-k on gate first
         # T5Gemma: dropout between act*up and down, which only training applies (and its hooks fire always).
         dropout = _host_attr(self, "dropout")
-        cast = _autocast_cast(x.device)
+        cast = _autocast.target(x.device)
         if approx is not None and cast is not False and not sparsity and not _hooked(dropout) and not (
                 self.training and getattr(dropout, "p", 0.0) > 0):
             operands = _projection_operands(self, x, ("gate_proj", "up_proj", "down_proj"), cast)
             if operands is not None:
                 w_gate, b_gate, w_up, b_up, w_down, b_down = operands
-                if cast is None:
-                    return geglu_mlp(x, w_gate, w_up, w_down, b_gate, b_up, b_down, approximate=approx)
-                return _without_autocast(x.device, geglu_mlp, *_cast(cast, x, w_gate, w_up, w_down, b_gate, b_up,
-                                                                      b_down), approximate=approx)
+                # Under autocast geglu_mlp casts every operand, as the host's projections would be cast.
+                return geglu_mlp(x, w_gate, w_up, w_down, b_gate, b_up, b_down, approximate=approx)
             y = _tensor_parallel_mlp(self, x, approx)
             if y is not None:
                 return y
@@ -303,7 +267,7 @@ class T5GeGLUDense(nn.Module):
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
         act, dropout = _host_attr(self, "act"), _host_attr(self, "dropout")
         approx = None if _hooked(act) or _hooked(dropout) else gelu_approximation(act)
-        cast = _autocast_cast(hidden_states.device)
+        cast = _autocast.target(hidden_states.device)
         inner = None if approx is None or cast is False else \
             _projection_operands(self, hidden_states, ("wi_0", "wi_1"), cast)
         if inner is not None and type(_host_attr(self, "wo")) is not nn.Linear:
@@ -321,11 +285,7 @@ class T5GeGLUDense(nn.Module):
         outer = None if dropout_active else _projection_operands(self, hidden_states, ("wo",), cast)
         if outer is not None:
             w_0, b_0, w_1, b_1 = inner
-            if cast is None:
-                return geglu_mlp(hidden_states, w_0, w_1, outer[0], b_0, b_1, outer[1], approximate=approx)
-            return _without_autocast(hidden_states.device, geglu_mlp,
-                                     *_cast(cast, hidden_states, w_0, w_1, outer[0], b_0, b_1, outer[1]),
-                                     approximate=approx)
+            return geglu_mlp(hidden_states, w_0, w_1, outer[0], b_0, b_1, outer[1], approximate=approx)
         # Dropout between the product and wo: the host's projections (under autocast, autocast's linear),
         # the fused GeGLU on their outputs, then T5's tail.
         return _t5_tail(self, geglu(self.wi_0(hidden_states), self.wi_1(hidden_states), approximate=approx))
@@ -374,11 +334,11 @@ class LinearBias(nn.Module):
                 weight, bias = params.get("weight"), params.get("bias", _MISSING)
             if (type(weight) in _PLAIN and bias is not _MISSING and input.device == weight.device
                     and input.dtype in FLOAT_DTYPES):
-                if input.dtype == weight.dtype and not _autocast_on(input.device):
+                if input.dtype == weight.dtype and not _autocast.enabled(input.device):
                     return linear(input, weight, bias)
-                cast = _autocast_cast(input.device)  # autocast's linear: every operand in its dtype
-                if cast and weight.dtype in FLOAT_DTYPES and (bias is None or bias.dtype in FLOAT_DTYPES):
-                    return _without_autocast(input.device, linear, *_cast(cast, input, weight, bias))
+                # Under autocast linear casts every operand, as F.linear does.
+                if _autocast.target(input.device) and _autocast.castable(weight, bias):
+                    return linear(input, weight, bias)
         return nn.functional.linear(input, self.weight, self.bias)
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from . import _checks, _dispatch, reference
+from . import _autocast, _checks, _dispatch, reference
 from ._ops import ops
 from ._opdef import _PLAIN, _tracing, custom_op, transformed
 from ._views import rows
@@ -287,7 +287,8 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     x: [..., K]; weight: [N, K] (``nn.Linear`` layout); bias: [N], or an addend of the output's
     shape [..., N] (a residual, say: the GEMM reads it in its epilogue, as cuBLASLt's C on CUDA), or
     None; activation: None, ``"gelu"`` (exact) or ``"gelu_tanh"``, applied after the bias.
-    Differentiable in x, weight and bias.
+    Differentiable in x, weight and bias. Under ``torch.autocast`` (float16 or bfloat16) every operand is
+    cast to its dtype first, as ``F.linear`` casts them (``_autocast``).
     """
     if (activation is None and backend is None and not torch.compiler.is_compiling()
             and type(x) in _PLAIN and type(weight) in _PLAIN and (bias is None or type(bias) in _PLAIN)):
@@ -315,6 +316,12 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
                 raise
             _dispatch.record("linear", chosen)
             return out
+    if isinstance(x, torch.Tensor) and _autocast.enabled(x.device):
+        # As F.linear under autocast: every operand in its dtype (the plain short path above is F.linear).
+        amp = _autocast.target(x.device)
+        if amp and _autocast.castable(x, weight, bias):
+            return _autocast.without(x.device, linear, *_autocast.cast(amp, x, weight, bias),
+                                     activation=activation, backend=backend)
     if (activation == "gelu_tanh" and backend is None and type(x) in _PLAIN and x.device in _LT_GELU_TANH
             and not torch.compiler.is_compiling()):
         out = _lt_gelu_tanh_call(x, weight, bias)

@@ -29,7 +29,7 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
-from . import _checks, _dispatch, policy, reference
+from . import _autocast, _checks, _dispatch, policy, reference
 from . import geglu as _geglu
 from . import sm90_weights
 from ._ops import ops
@@ -514,13 +514,21 @@ def geglu_mlp(x: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor, w_down:
 
     x: [..., H]; w_gate, w_up: [I, H]; w_down: [H, I] (the host module's ``nn.Linear`` weights,
     used as they are); biases [I], [I], [H] or None. ``recompute=True`` saves only x for the
-    backward and recomputes the gate/up pre-activations there.
+    backward and recomputes the gate/up pre-activations there. Under ``torch.autocast`` (float16 or
+    bfloat16) every operand is cast to its dtype first, as ``F.linear`` casts them (``_autocast``).
     """
     if not torch.compiler.is_compiling() and transformed():  # torch.func / forward AD: ATen's ops compose
         if not _checks.mlp_args_ok(x, w_gate, w_up, w_down, b_gate, b_up, b_down, approximate):
             _check_args(x, w_gate, w_up, w_down, b_gate, b_up, b_down, approximate)
         _dispatch.requested(backend)
         return reference.geglu_mlp_ref(x, w_gate, w_up, w_down, b_gate, b_up, b_down, approximate, dtype=x.dtype)
+    if isinstance(x, torch.Tensor) and _autocast.enabled(x.device):
+        # The three projections as autocast's linear computes them: every operand in its dtype.
+        amp = _autocast.target(x.device)
+        if amp and _autocast.castable(x, w_gate, w_up, w_down, b_gate, b_up, b_down):
+            return _autocast.without(x.device, geglu_mlp,
+                                     *_autocast.cast(amp, x, w_gate, w_up, w_down, b_gate, b_up, b_down),
+                                     approximate=approximate, recompute=recompute, backend=backend)
     if backend is None and not _dispatch.overridden():
         y = _infer(x, w_gate, w_up, w_down, b_gate, b_up, b_down, approximate)
         if y is not None:

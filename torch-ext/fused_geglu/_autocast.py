@@ -1,0 +1,55 @@
+"""torch.autocast for the GEMM ops and the layers: compute what autocast's ``linear`` computes.
+
+Under autocast, ``F.linear`` casts every floating operand (not float64) to the autocast dtype and returns
+its result in that dtype; GELU and the product are not on autocast's lists and run in their inputs' dtype.
+``linear`` and ``geglu_mlp`` (and the layers that call them) follow the same rule, on every backend: they
+cast x, the weights and the biases, then run with autocast off, so that the ops inside (ATen GEMMs on some
+backends, Triton or CUTLASS on others) see operands already cast and nothing is cast twice. The casts are
+differentiable: float32 parameters get float32 gradients, as from autocast's own casts. Before 2026-12-05
+the result's dtype depended on the backend (the ATen paths were cast by autocast inside, the Triton and
+cuBLASLt ones computed in float32), and the layers ran the host's forward under any autocast.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ._checks import FLOAT_DTYPES
+
+_ANY_AUTOCAST = getattr(torch._C, "_is_any_autocast_enabled", None)
+_COMPUTED = (torch.float16, torch.bfloat16)
+
+
+def enabled(device: torch.device) -> bool:
+    """``torch.is_autocast_enabled(device.type)``, after a cheaper test for any autocast at all (the
+    per-device query costs about 0.5 µs on the development CPU, and a decode step asks it per layer)."""
+    if _ANY_AUTOCAST is not None and not torch.compiler.is_compiling() and not _ANY_AUTOCAST():
+        return False
+    return torch.is_autocast_enabled(device.type)
+
+
+def target(device: torch.device) -> torch.dtype | None | bool:
+    """None when autocast is off for ``device``'s type; its dtype when the kernels compute in it
+    (float16, bfloat16); False for any other autocast dtype (callers then leave the call to ATen)."""
+    if not enabled(device):
+        return None
+    get_dtype = getattr(torch, "get_autocast_dtype", None)
+    dtype = get_dtype(device.type) if get_dtype is not None else None
+    return dtype if dtype in _COMPUTED else False
+
+
+def castable(*tensors) -> bool:
+    """Whether autocast would cast every one of these (None aside): tensors of a float dtype the
+    kernels take (float64 is not cast by autocast, and the call then fails as F.linear's would)."""
+    return all(t is None or (isinstance(t, torch.Tensor) and t.dtype in FLOAT_DTYPES) for t in tensors)
+
+
+def cast(dtype: torch.dtype, *tensors) -> list:
+    """The tensors (None stays None) cast to ``dtype``, differentiably."""
+    return [t if t is None else t.to(dtype) for t in tensors]
+
+
+def without(device: torch.device, fn, *args, **kwargs):
+    """``fn(*args, **kwargs)`` with autocast off on ``device``'s type."""
+    with torch.autocast(device.type, enabled=False):
+        return fn(*args, **kwargs)
