@@ -4,6 +4,8 @@ GeGLU pointwise alone (``geglu`` on [1024, 2048], both GELU flavours) against ``
 
     python3 benchmarks/diag/cpu_mlp.py --out DIR [--rounds 6] [--calls 3] [--ops geglu_mlp,geglu]
 
+``autocast_bf16`` rows: float32 tensors with both sides under ``torch.autocast("cpu", bfloat16)``.
+
 The kernel's product is the GPU; on CPU the functions and layers must work, and a kernelized model must not
 be slower than its own forward. Both are ATen's GEMMs, which take almost all the time, so this shows what
 the pointwise kernel and the node's sequence add or save. Wall ms per call (forward, or forward + backward),
@@ -61,30 +63,41 @@ def main() -> None:
     def ours(x, wg, wu, wd):
         return k.geglu_mlp(x, wg, wu, wd, approximate="tanh")
 
+    def under_autocast(fn):
+        def run(*args):
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                return fn(*args)
+        return run
+
     torch.manual_seed(0)
     rows = []
-    for dtype in (torch.float32, torch.bfloat16) if "geglu_mlp" in ops else ():
+    # "autocast_bf16": float32 tensors under torch.autocast("cpu", bfloat16), both sides (Trainer's bf16=True).
+    for dtype in ("float32", "bfloat16", "autocast_bf16") if "geglu_mlp" in ops else ():
+        autocast = dtype == "autocast_bf16"
+        store = torch.float32 if autocast else getattr(torch, dtype)
         for m, h, i in CASES:
-            x = torch.randn(m, h).to(dtype)
-            ws = [(torch.randn(i, h) * h**-0.5).to(dtype), (torch.randn(i, h) * h**-0.5).to(dtype),
-                  (torch.randn(h, i) * i**-0.5).to(dtype)]
-            dy = torch.randn(m, h).to(dtype)
+            x = torch.randn(m, h).to(store)
+            ws = [(torch.randn(i, h) * h**-0.5).to(store), (torch.randn(i, h) * h**-0.5).to(store),
+                  (torch.randn(h, i) * i**-0.5).to(store)]
+            dy = torch.randn(m, h).to(torch.bfloat16 if autocast else store)
             for train in (False, True):
                 leaves = [t.clone().requires_grad_(train) for t in (x, *ws)]
                 times = {"eager": [], "ours": []}
                 fns = {"eager": eager_mlp, "ours": ours}
+                if autocast:
+                    fns = {name: under_autocast(fn) for name, fn in fns.items()}
                 for fn in fns.values():  # warm-up
                     _one(fn, leaves, dy, train)
                     _one(fn, leaves, dy, train)
                 for r in range(args.rounds):
                     for name in (("eager", "ours") if r % 2 == 0 else ("ours", "eager")):
                         times[name] += [_one(fns[name], leaves, dy, train) for _ in range(args.calls)]
-                row = {"op": "geglu_mlp", "dtype": str(dtype).replace("torch.", ""), "M": m, "H": h, "I": i,
+                row = {"op": "geglu_mlp", "dtype": dtype, "M": m, "H": h, "I": i,
                        "mode": "train" if train else "fwd", "backend": k.last_backend("geglu_mlp"),
                        **{f"{n}_ms": statistics.median(t) * 1e3 for n, t in times.items()}}
                 row["ours_over_eager"] = row["ours_ms"] / row["eager_ms"]
                 rows.append(row)
-                print(f"{row['dtype']:9} M={m:5} H={h:5} I={i:5} {row['mode']:5} eager {row['eager_ms']:8.2f} ms "
+                print(f"{row['dtype']:13} M={m:5} H={h:5} I={i:5} {row['mode']:5} eager {row['eager_ms']:8.2f} ms "
                       f"ours {row['ours_ms']:8.2f} ms  ours/eager {row['ours_over_eager']:.2f}", flush=True)
     for dtype in (torch.float32, torch.bfloat16) if "geglu" in ops else ():
         for approximate in ("tanh", "none"):
