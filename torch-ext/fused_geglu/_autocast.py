@@ -16,16 +16,16 @@ import torch
 
 from ._checks import FLOAT_DTYPES
 
-_ANY_AUTOCAST = getattr(torch._C, "_is_any_autocast_enabled", None)
+# Whether any autocast is on (one C call, about 0.12 µs on the development CPU; dynamo traces it and
+# guards on it). The ops ask it before anything else, so a call outside autocast pays only this.
+ANY = getattr(torch._C, "_is_any_autocast_enabled", None) or (lambda: True)
 _COMPUTED = (torch.float16, torch.bfloat16)
 
 
 def enabled(device: torch.device) -> bool:
-    """``torch.is_autocast_enabled(device.type)``, after a cheaper test for any autocast at all (the
-    per-device query costs about 0.5 µs on the development CPU, and a decode step asks it per layer)."""
-    if _ANY_AUTOCAST is not None and not torch.compiler.is_compiling() and not _ANY_AUTOCAST():
-        return False
-    return torch.is_autocast_enabled(device.type)
+    """``torch.is_autocast_enabled(device.type)``, after the cheaper test for any autocast at all (the
+    per-device query costs about 0.15 µs more, and a decode step asks it per layer)."""
+    return ANY() and torch.is_autocast_enabled(device.type)
 
 
 def target(device: torch.device) -> torch.dtype | None | bool:

@@ -316,7 +316,7 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
                 raise
             _dispatch.record("linear", chosen)
             return out
-    if isinstance(x, torch.Tensor) and _autocast.enabled(x.device):
+    if _autocast.ANY() and isinstance(x, torch.Tensor) and _autocast.enabled(x.device):
         # As F.linear under autocast: every operand in its dtype (the plain short path above is F.linear).
         amp = _autocast.target(x.device)
         if amp and _autocast.castable(x, weight, bias):

@@ -522,7 +522,7 @@ def geglu_mlp(x: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor, w_down:
             _check_args(x, w_gate, w_up, w_down, b_gate, b_up, b_down, approximate)
         _dispatch.requested(backend)
         return reference.geglu_mlp_ref(x, w_gate, w_up, w_down, b_gate, b_up, b_down, approximate, dtype=x.dtype)
-    if isinstance(x, torch.Tensor) and _autocast.enabled(x.device):
+    if _autocast.ANY() and isinstance(x, torch.Tensor) and _autocast.enabled(x.device):
         # The three projections as autocast's linear computes them: every operand in its dtype.
         amp = _autocast.target(x.device)
         if amp and _autocast.castable(x, w_gate, w_up, w_down, b_gate, b_up, b_down):
