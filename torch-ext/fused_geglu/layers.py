@@ -13,9 +13,10 @@ backstop, not the plan.
 
 Under autocast (a float32 model trained with ``torch.autocast``, Trainer's ``bf16=True``) the host's
 projections run autocast's ``linear``: every operand cast to the autocast dtype, the output in it, and
-the GELU and product on those outputs. The layers do the same casts themselves and run the fused op on
-the cast operands with autocast off; the casts are differentiable, so float32 parameters get float32
-gradients as they do from autocast's casts. (Until 2026-12-05 autocast sent every call to the host.)
+the GELU and product on those outputs. The layers hand the host's operands to ``geglu_mlp`` / ``linear``,
+which make the same casts and run fused with autocast off (``_autocast.py``); the casts are
+differentiable, so float32 parameters get float32 gradients as they do from autocast's casts. (Until
+2026-12-05 autocast sent every call to the host.)
 """
 
 from __future__ import annotations
@@ -118,7 +119,6 @@ def _projection_operands(module: nn.Module, x: torch.Tensor, names: tuple[str, .
             return None
         out += (weight, bias)
     return out
-
 
 
 def _host_forward(module: nn.Module, layer_cls: type, plain, *args):
@@ -270,9 +270,11 @@ class T5GeGLUDense(nn.Module):
         cast = _autocast.target(hidden_states.device)
         inner = None if approx is None or cast is False else \
             _projection_operands(self, hidden_states, ("wi_0", "wi_1"), cast)
-        if inner is not None and type(_host_attr(self, "wo")) is not nn.Linear:
-            # A parametrized (or wrapped) wo: its weight is computed on each read, and spectral_norm
-            # advances its state in training, so only the host's forward reads it as the host does.
+        wo = _host_attr(self, "wo")
+        if inner is not None and isinstance(wo, nn.Module) and _host_attr(wo, "parametrizations") is not None:
+            # A parametrized wo: its weight is computed on each read, and spectral_norm advances its
+            # state in training, so only the host's forward reads it as often as the host does. (A
+            # quantised wo keeps the fused GeGLU below: reading its weight has no side effect.)
             inner = None
         if (inner is not None and cast is None and type(self).__name__ in _T5_NO_CAST
                 and _wo_dtype(self) != hidden_states.dtype):
