@@ -47,7 +47,8 @@ def original_class(cls: type) -> type:
 
 
 def _fsdp_params():
-    """Every ``FSDPParam`` of every live fully_shard state (none if this torch keeps them elsewhere)."""
+    """``(FSDPParam, its group)`` for every parameter of every live fully_shard state (none if this
+    torch keeps them elsewhere)."""
     try:
         from torch.distributed import _composable_state
     except ImportError:
@@ -62,7 +63,8 @@ def _fsdp_params():
                 continue
             groups = [] if group is None else [group]
         for group in groups:
-            yield from getattr(group, "fsdp_params", ())
+            for fp in getattr(group, "fsdp_params", ()):
+                yield fp, group
 
 
 def gathered(param: torch.Tensor | None) -> Gathered | None:
@@ -70,9 +72,14 @@ def gathered(param: torch.Tensor | None) -> Gathered | None:
     to forward; None when fully_shard does not manage it (or this torch hides how)."""
     if param is None or not _is_dtensor(param):
         return None
-    for fp in _fsdp_params():
+    for fp, group in _fsdp_params():
         if getattr(fp, "sharded_param", None) is param:
-            dtype = getattr(fp, "param_dtype", None) or getattr(fp, "orig_dtype", None) or param.dtype
+            # The group's MixedPrecisionPolicy, not FSDPParam.param_dtype: fully_shard sets that one in its
+            # lazy init at the first forward, so a kernelize between fully_shard and the first step saw
+            # the stored dtype instead (found 2026-12-05). FSDP2 casts floating parameters only.
+            policy_dtype = (getattr(getattr(group, "mp_policy", None), "param_dtype", None)
+                            or getattr(fp, "param_dtype", None))
+            dtype = policy_dtype if policy_dtype is not None and param.dtype.is_floating_point else param.dtype
             return Gathered(dtype=dtype, dtensor=bool(getattr(fp, "is_dtensor", True)))
     return None
 
