@@ -9,7 +9,9 @@ mixed precision and with each sharded decoder layer compiled, the fused MLP runs
 autograd node is in the graph; compiled, its ops are in the profile) and the losses and the gradients of
 two SGD steps are within twice the error of the same sharded model without the kernel, against the
 unsharded model in float64. fully_shard over tensor-parallel
-weights (a 2-D data x tensor mesh) is refused by name and trains on the host's path, unchanged.
+weights: transformers' native loading (``DistributedConfig(fsdp_size=2, tp_size=2)``, four ranks) runs the
+fused tensor-parallel MLP on each rank's gathered shards; torch's ``parallelize_module`` (forward hooks on
+the projections) is refused and trains on the host's path.
 
 Every case runs in one pair of processes (process start-up is most of the cost on two cores).
 """
@@ -172,7 +174,8 @@ def _worker(rank: int, world: int, port: int, result_dir: str) -> None:
                                                   eager_grads[step]):
                     _numerics.assert_close(as32(got), want, as32(eager), what=f"{name} step {step} {proj}_proj gradient")
 
-        # fully_shard over tensor-parallel weights: refused by name, and the host's path trains as eager.
+        # fully_shard over weights torch's parallelize_module made tensor-parallel: its forward hooks on the
+        # projections (which the layer would skip) refuse the MLP; the host's path trains as eager.
         from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
         mesh2 = init_device_mesh("cpu", (1, world), mesh_dim_names=("dp", "tp"))
@@ -182,7 +185,7 @@ def _worker(rank: int, world: int, port: int, result_dir: str) -> None:
                                                          "down_proj": RowwiseParallel()})
         _shard(model, mesh2["dp"], False, None)
         report = kernelize(model, mode=Mode.TRAINING, device="cpu", source="hub")
-        assert report.replaced_count == 0 and "FSDP2 shard of a tensor-parallel DTensor" in str(report), str(report)
+        assert report.replaced_count == 0 and "forward hooks" in str(report), str(report)
         losses, nodes, _ = _train(model, ids)
         assert nodes == [0] * STEPS
         torch.testing.assert_close(losses, ref_losses.float(), rtol=1e-5, atol=1e-6)
@@ -214,5 +217,53 @@ def test_fsdp_class_unwrapping_and_lookups_are_narrow():
     assert fsdp.original_class(type("FSDPGemmaLikeMLP", (GemmaLikeMLP,), {})) is not GemmaLikeMLP
     assert fsdp.original_class(type("Other", (FSDPModule, GemmaLikeMLP), {})).__name__ == "Other"
     assert fsdp.original_class(nn.Linear) is nn.Linear
-    assert fsdp.gathered(nn.Parameter(torch.ones(2))) is None and fsdp.gathered(None) is None
+    assert fsdp.gathered(nn.Linear(2, 2), "weight") is None and fsdp.gathered(nn.Linear(2, 2, bias=False), "bias") is None
     assert not fsdp.managed(nn.Linear(2, 2))
+
+
+def _fsdp_tp_worker(rank: int, world: int, port: int, model_dir: str, result_dir: str) -> None:
+    """transformers' native FSDP2 + tensor parallelism (fsdp 2 x tp 2), then kernelize."""
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world),
+                      LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world), CUDA_VISIBLE_DEVICES="")
+    sys.path.insert(0, str(HERE))
+    sys.path.insert(0, str(HERE.parent / "src"))
+    import torch.distributed as dist
+    from kernels import Mode
+    from transformers import GemmaForCausalLM
+    from transformers.distributed.configuration_utils import DistributedConfig
+
+    import _numerics
+    from fused_geglu_tools.transformers import kernelize
+
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    try:
+        ids = torch.randint(0, 128, (2, 9), generator=torch.Generator().manual_seed(1))
+        ref_losses, _, ref_grads = _train(GemmaForCausalLM.from_pretrained(model_dir).double().train(), ids)
+        config = DistributedConfig(fsdp_size=2, tp_size=2)
+        model = GemmaForCausalLM.from_pretrained(model_dir, distributed_config=config).train()
+        report = kernelize(model, mode=Mode.TRAINING, device="cpu", source="hub")
+        assert report.replaced_count == 2 and not report.refused, str(report)
+        losses, nodes, grads = _train(model, ids)
+        assert nodes == [2] * STEPS, f"fused MLP nodes per step {nodes}"
+        eager = GemmaForCausalLM.from_pretrained(model_dir, distributed_config=config).train()
+        eager_losses, eager_nodes, eager_grads = _train(eager, ids)
+        assert eager_nodes == [0] * STEPS
+        _numerics.assert_close(losses, ref_losses, eager_losses, what="fsdp+tp losses")
+        for step in range(STEPS):
+            for proj, got, want, e in zip(("gate", "up", "down"), grads[step], ref_grads[step], eager_grads[step]):
+                _numerics.assert_close(got, want, e, what=f"fsdp+tp step {step} {proj}_proj gradient")
+        Path(result_dir, f"rank{rank}").write_text("ok")
+    finally:
+        dist.destroy_process_group()
+    _exit_now()
+
+
+def test_transformers_fsdp_tp_kernelized_gemma_trains_fused(kernel, tmp_path):
+    """Four CPU ranks: a 2 x 2 (fsdp x tp) mesh, as transformers' own ``DistributedConfig`` loads it. Between
+    steps each weight is a DTensor on the 2-D mesh; in forward, fully_shard hands the layer the tensor-parallel
+    shard (column/column/row-wise on the tp mesh), which it runs fused with one all-reduce. kernelize judges
+    that gathered form (before 2026-12-05 it refused the MLPs)."""
+    pytest.importorskip("transformers.distributed.configuration_utils")
+    _gemma(0).save_pretrained(tmp_path / "model")
+    mp.spawn(_fsdp_tp_worker, args=(4, _free_port(), str(tmp_path / "model"), str(tmp_path)), nprocs=4, join=True)
+    assert all((tmp_path / f"rank{r}").read_text() == "ok" for r in range(4))

@@ -139,10 +139,11 @@ def _hooked(module: nn.Module) -> bool:
     return bool(module._forward_hooks or module._forward_pre_hooks or hasattr(module, "_hf_hook"))
 
 
-def _in_forward(t: torch.Tensor) -> tuple[type, torch.dtype]:
-    """The type and dtype the module's forward will see for parameter ``t``: an FSDP2 shard is
-    all-gathered into a plain Parameter (of the mixed-precision ``param_dtype`` if one is set)."""
-    g = fsdp.gathered(t)
+def _in_forward(lin: nn.Module, name: str) -> tuple[type, torch.dtype]:
+    """The type and dtype the module's forward will see for ``lin``'s parameter ``name``: an FSDP2 shard
+    is all-gathered into a plain Parameter (of the mixed-precision ``param_dtype`` if one is set)."""
+    t = getattr(lin, name)
+    g = fsdp.gathered(lin, name)
     return (type(t), t.dtype) if g is None or g.dtensor else (nn.Parameter, g.dtype)
 
 
@@ -150,19 +151,19 @@ def _dense_reason(name: str, lin: object) -> str | None:
     if type(lin) is not nn.Linear:
         return f"{name} is {type(lin).__name__}, not a plain nn.Linear (quantised, sharded or adapter-wrapped)"
     w = lin.weight
-    wtype, wdtype = _in_forward(w)
+    wtype, wdtype = _in_forward(lin, "weight")
     if wtype not in (torch.Tensor, nn.Parameter):
         if fsdp.managed(lin):
-            return (f"{name}.weight is an FSDP2 shard of a tensor-parallel DTensor (fully_shard on a 2-D mesh), "
-                    "a layout the kernel layer does not run" if fsdp.gathered(w) is not None else
+            return (f"{name}.weight is an FSDP2 shard of a tensor-parallel DTensor (fully_shard on a 2-D mesh) "
+                    "outside the gate/up/down layout the kernel layer runs" if fsdp.gathered(lin, "weight") is not None else
                     f"{name}.weight is an FSDP2 shard this torch does not describe; kernelize before fully_shard")
         return f"{name}.weight is a {wtype.__name__} tensor subclass"
     if wdtype not in _FLOAT_DTYPES:
         return f"{name}.weight is {wdtype}; the kernel takes float32, float16 or bfloat16"
     if w.device.type == "meta":
         return f"{name}.weight is on the meta device (offloaded or not materialised)"
-    if lin.bias is not None and _in_forward(lin.bias)[1] != wdtype:
-        return f"{name}.bias is {_in_forward(lin.bias)[1]} but its weight is {wdtype}"
+    if lin.bias is not None and _in_forward(lin, "bias")[1] != wdtype:
+        return f"{name}.bias is {_in_forward(lin, 'bias')[1]} but its weight is {wdtype}"
     if _hooked(lin):
         return f"{name} has forward hooks, which the fused kernel would skip"
     return None
@@ -170,9 +171,9 @@ def _dense_reason(name: str, lin: object) -> str | None:
 
 def _same_dtype_device(names: tuple[str, ...], lins: tuple[nn.Linear, ...]) -> str | None:
     ref = lins[0].weight
-    ref_dtype = _in_forward(ref)[1]
+    ref_dtype = _in_forward(lins[0], "weight")[1]
     for name, lin in zip(names[1:], lins[1:]):
-        dtype = _in_forward(lin.weight)[1]
+        dtype = _in_forward(lin, "weight")[1]
         if dtype != ref_dtype or lin.weight.device != ref.device:
             return (f"{name} is {dtype} on {lin.weight.device} but {names[0]} is "
                     f"{ref_dtype} on {ref.device}")
@@ -227,22 +228,33 @@ def _tensor_parallel_layout(module: nn.Module) -> str | None:
     weights = [lin.weight for lin in lins]
     if not any(isinstance(w, DTensor) for w in weights):
         return ""
+    # (mesh, placements) of each weight and bias as forward sees it: an FSDP2 shard is gathered over the
+    # data-parallel dims first (into a plain Parameter, or a DTensor that keeps its tensor-parallel spec).
+    def layout(lin, name):
+        t = getattr(lin, name)
+        g = fsdp.gathered(lin, name)
+        if g is None:
+            return (t.device_mesh, t.placements) if isinstance(t, DTensor) else None
+        return (g.mesh, g.placements) if g.dtensor else None
+
     if all(fsdp.managed(lin) for lin in lins):
-        # FSDP2 shards, not tensor parallelism: forward sees them gathered, as plain Parameters
-        # (checked as dense weights) or, over a 2-D mesh, as tensor-parallel DTensors, which
-        # _dense_reason refuses by name (as it does shards whose gathered form is unknown).
-        return ""
-    if not all(isinstance(w, DTensor) for w in weights):
+        gathered = [fsdp.gathered(lin, "weight") for lin in lins]
+        if not all(g is not None and g.dtensor and g.placements is not None for g in gathered):
+            # Gathered into plain Parameters (checked as dense weights), or of a form this torch does not
+            # describe, which _dense_reason refuses by name.
+            return ""
+    forms = [layout(lin, "weight") for lin in lins]
+    if not all(f is not None for f in forms):
         return "some projections are DTensors and some are not"
-    mesh = weights[0].device_mesh
-    if mesh.ndim != 1 or any(w.device_mesh != mesh for w in weights):
+    mesh = forms[0][0]
+    if mesh is None or mesh.ndim != 1 or any(f[0] != mesh for f in forms):
         return "tensor-parallel weights on a mesh other than one 1-D mesh"
-    if tuple(w.placements for w in weights) != ((Shard(0),), (Shard(0),), (Shard(1),)):
-        return (f"tensor-parallel placements {[w.placements for w in weights]}; the kernel runs "
+    if tuple(f[1] for f in forms) != ((Shard(0),), (Shard(0),), (Shard(1),)):
+        return (f"tensor-parallel placements {[f[1] for f in forms]}; the kernel runs "
                 "column/column/row-wise sharding")
     want = ((Shard(0),), (Shard(0),), (Replicate(),))
     for lin, placement in zip(lins, want):
-        if lin.bias is not None and (not isinstance(lin.bias, DTensor) or lin.bias.placements != placement):
+        if lin.bias is not None and (layout(lin, "bias") is None or layout(lin, "bias")[1] != placement):
             return "tensor-parallel biases are not sharded like their weights"
     if any(_hooked(lin) for lin in lins):
         return "tensor-parallel projections with forward hooks, which the fused kernel would skip"
@@ -276,7 +288,7 @@ def _t5_reason(module: nn.Module, family: Family) -> str | None:
     reason = _linears_reason(module, ("wi_0", "wi_1")) or _dense_reason("wo", getattr(module, "wo", None))
     if reason:
         return reason
-    wo_dtype, wi_dtype = _in_forward(module.wo.weight)[1], _in_forward(module.wi_0.weight)[1]
+    wo_dtype, wi_dtype = _in_forward(module.wo, "weight")[1], _in_forward(module.wi_0, "weight")[1]
     if not family.casts_to_wo_dtype and wo_dtype != wi_dtype:
         return (f"wo is {wo_dtype} but wi_0 is {wi_dtype}, and "
                 f"{family.class_name} does not cast between them (the kernel layer would)")

@@ -32,6 +32,9 @@ class Gathered:
     # True: gathered over the data-parallel dims into a DTensor that stays sharded for tensor
     # parallelism (fully_shard over DTensor parameters, a 2-D mesh); False: a plain Parameter.
     dtensor: bool
+    # That DTensor's mesh and placements (the tensor-parallel ones), where this torch tells them.
+    mesh: object = None
+    placements: tuple | None = None
 
 
 def original_class(cls: type) -> type:
@@ -67,21 +70,39 @@ def _fsdp_params():
                 yield fp, group
 
 
-def gathered(param: torch.Tensor | None) -> Gathered | None:
-    """How fully_shard presents ``param`` (a sharded parameter as found on its module between steps)
-    to forward; None when fully_shard does not manage it (or this torch hides how)."""
+def gathered(module: nn.Module, name: str) -> Gathered | None:
+    """How fully_shard presents ``module``'s parameter ``name`` (a shard between steps) to forward; None
+    when fully_shard does not manage it (or this torch hides how)."""
+    param = getattr(module, name, None)
     if param is None or not _is_dtensor(param):
         return None
     for fp, group in _fsdp_params():
-        if getattr(fp, "sharded_param", None) is param:
+        if _owns(fp, module, name, param):
             # The group's MixedPrecisionPolicy, not FSDPParam.param_dtype: fully_shard sets that one in its
             # lazy init at the first forward, so a kernelize between fully_shard and the first step saw
             # the stored dtype instead (found 2026-12-05). FSDP2 casts floating parameters only.
             policy_dtype = (getattr(getattr(group, "mp_policy", None), "param_dtype", None)
                             or getattr(fp, "param_dtype", None))
             dtype = policy_dtype if policy_dtype is not None and param.dtype.is_floating_point else param.dtype
-            return Gathered(dtype=dtype, dtensor=bool(getattr(fp, "is_dtensor", True)))
+            if not getattr(fp, "is_dtensor", True):
+                return Gathered(dtype=dtype, dtensor=False)
+            # The tensor-parallel spec the gathered DTensor gets (torch 2.13: _unsharded_dtensor_spec;
+            # earlier releases: _tp_spec).
+            spec = getattr(fp, "_unsharded_dtensor_spec", None) or getattr(fp, "_tp_spec", None)
+            return Gathered(dtype=dtype, dtensor=True, mesh=getattr(spec, "mesh", None),
+                            placements=getattr(spec, "placements", None))
     return None
+
+
+def _owns(fp, module: nn.Module, name: str, param) -> bool:
+    """Whether FSDPParam ``fp`` manages ``module.name``: its sharded parameter is that object, or it was
+    made for that module and name (transformers' native FSDP + tensor-parallel loading,
+    ``DistributedConfig(fsdp_size=, tp_size=)``, leaves on the module a DTensor that is not the
+    FSDPParam's object)."""
+    if getattr(fp, "sharded_param", None) is param:
+        return True
+    info = getattr(fp, "_module_info", None)
+    return getattr(info, "module", None) is module and getattr(info, "param_name", None) == name
 
 
 def _is_dtensor(t: torch.Tensor) -> bool:
