@@ -1,19 +1,20 @@
-"""FSDP2 (``fully_shard``) training of a kernelized Gemma: two CPU processes over gloo.
+"""FSDP2 (``fully_shard``) training of a kernelized Gemma: CPU processes over gloo.
 
 fully_shard keeps parameters as ``Shard(0)`` DTensors between steps and all-gathers them into plain
 Parameters for forward, where the kernel layer reads them. Until 2026-12-05 kernelize after fully_shard
 refused every MLP (the shards looked like tensor parallelism) and did not see MLPs that were themselves
 fully_shard units (their class is ``FSDP<Class>``): the model trained on eager's path. Here, in both
 orders of kernelize and fully_shard, per decoder layer and per MLP, with HSDP's 2-D mesh, with bf16
-mixed precision and with each sharded decoder layer compiled, the fused MLP runs in every step (its
-autograd node is in the graph; compiled, its ops are in the profile) and the losses and the gradients of
-two SGD steps are within twice the error of the same sharded model without the kernel, against the
-unsharded model in float64. fully_shard over tensor-parallel
-weights: transformers' native loading (``DistributedConfig(fsdp_size=2, tp_size=2)``, four ranks) runs the
-fused tensor-parallel MLP on each rank's gathered shards; torch's ``parallelize_module`` (forward hooks on
-the projections) is refused and trains on the host's path.
+mixed precision, with a float64 model computed in float32 and with each sharded decoder layer compiled,
+the fused MLP runs in every step (its autograd node is in the graph; compiled, its ops are in the
+profile) and the losses and the gradients of two SGD steps are within twice the error of the same
+sharded model without the kernel, against the unsharded model in float64.
 
-Every case runs in one pair of processes (process start-up is most of the cost on two cores).
+fully_shard over tensor-parallel weights: transformers' native loading (``DistributedConfig(fsdp_size=2,
+tp_size=2)``, four ranks) runs the fused tensor-parallel MLP on each rank's gathered shards; torch's
+``parallelize_module`` (forward hooks on the projections) is refused and trains on the host's path.
+
+The cases of one world size share one set of processes (process start-up is most of the cost on two cores).
 """
 
 from __future__ import annotations
