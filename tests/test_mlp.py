@@ -1062,3 +1062,62 @@ def test_geglu_mlp_under_autocast_casts_as_f_linear(kernel, device, backend, amp
     assert_close(got, ref, expected, "output")
     for k, (g, r, e) in enumerate(zip(grads, ref_grads, eager_grads)):
         assert_close(g, r, e, f"gradient {k}")
+
+
+class _CastCounter(torch.utils._python_dispatch.TorchDispatchMode):
+    """Counts the casts (aten._to_copy) whose source is one of ``sources`` (by identity)."""
+
+    def __init__(self, sources):
+        super().__init__()
+        self.sources, self.casts = sources, 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func is torch.ops.aten._to_copy.default and any(args[0] is s for s in self.sources):
+            self.casts += 1
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("backend", [None, *BACKENDS])
+@pytest.mark.parametrize("op", ["geglu_mlp", "linear"])
+@pytest.mark.parametrize("amp_dtype", [torch.bfloat16, torch.float16], ids=str)
+@pytest.mark.parametrize("cache", [True, False], ids=["cache", "nocache"])
+def test_autocast_casts_each_float32_parameter_once_per_region_as_f_linear(kernel, device, backend, op,
+                                                                          amp_dtype, cache):
+    """Under one ``torch.autocast`` region, ``geglu_mlp`` and ``linear`` cast each float32 parameter as
+    often as autocast's ``F.linear`` does: once for the region through autocast's weight cache (a decode
+    loop inside one region then reads the half-precision copy each step), once per call with
+    ``cache_enabled=False``. Until 2026-12-05 they cast every call (2.7x eager's time for a decode-sized
+    MLP on the development CPU). The noarch variant has no compiled library and casts per call."""
+    if backend is not None:
+        _skip_unless(kernel, device, backend, amp_dtype)
+    if not kernel._ops.HAS_COMPILED_OPS:
+        pytest.skip("the noarch variant has no compiled autocast_cast op: it casts per call")
+    h, i = 24, 40
+    params = _params(h, i, torch.float32, device, biases=True)
+    if op == "linear":
+        params = [params[0], params[3]]
+        ours = lambda x: kernel.linear(x, *params, activation="gelu_tanh", backend=backend)  # noqa: E731
+        eager = lambda x: F.gelu(F.linear(x, *params), approximate="tanh")  # noqa: E731
+    else:
+        ours = lambda x: kernel.geglu_mlp(x, *params, approximate="tanh", backend=backend)  # noqa: E731
+        eager = lambda x: _eager(x, *params, "tanh")  # noqa: E731
+    xs = [randn(3, h, device=device) for _ in range(3)]
+
+    def casts(fn):
+        counter = _CastCounter(params)
+        with torch.autocast(device, dtype=amp_dtype, cache_enabled=cache), counter:
+            ys = [fn(x) for x in xs]
+        return counter.casts, ys
+
+    (n_eager, ys_eager), (n_ours, ys_ours) = casts(eager), casts(ours)
+    assert n_eager == len(params) * (1 if cache else len(xs))  # the premise: what autocast's cache does
+    assert n_ours == n_eager
+    for y, e in zip(ys_ours, ys_eager):
+        assert y.dtype == e.dtype == amp_dtype
+        torch.testing.assert_close(y.float(), e.float(), rtol=0.05, atol=0.05)  # sanity; accuracy: tests above
+    # The copies the cache made carry autograd: a backward from the last call reaches every parameter.
+    with torch.autocast(device, dtype=amp_dtype, cache_enabled=cache):
+        ours(xs[0])
+        y = ours(xs[1])
+    y.float().sum().backward()
+    assert all(p.grad is not None and p.grad.dtype == torch.float32 for p in params)

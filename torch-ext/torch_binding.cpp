@@ -47,6 +47,10 @@ TORCH_LIBRARY_EXPAND(TORCH_EXTENSION_NAME, ops) {
       "Tensor? b_down, int approximate, int tile, int swizzle, int raster) -> Tensor");
   ops.impl("geglu_mlp_infer", torch::dispatch(c10::DispatchKey::CompositeImplicitAutograd,
                                               TORCH_FN(geglu_mlp_infer_decline)));
+  // The casts of `linear` / `geglu_mlp` under torch.autocast, through autocast's weight cache
+  // (kernel_src/autograd_nodes/autocast_cast.cpp): one implementation for every backend and key.
+  ops.def("autocast_cast(Tensor?[] tensors, ScalarType dtype) -> Tensor?[]");
+  ops.impl("autocast_cast", torch::dispatch(c10::DispatchKey::CompositeImplicitAutograd, TORCH_FN(autocast_cast)));
 #if defined(CPU_KERNEL)
   ops.impl("geglu_fwd", c10::kCPU, &geglu_fwd);
   ops.impl("geglu_bwd", c10::kCPU, &geglu_bwd);

@@ -13,6 +13,7 @@
 
 #include <optional>
 #include <tuple>
+#include <vector>
 
 // out = gelu(gate) * up, math in fp32, stored in out's dtype.
 void geglu_fwd(at::Tensor &out, at::Tensor const &gate, at::Tensor const &up,
@@ -168,3 +169,8 @@ at::Tensor geglu_mlp_sm90(at::Tensor const &x, at::Tensor const &w_gate, at::Ten
 void geglu_dh_sm90(at::Tensor &gate, at::Tensor &up, at::Tensor &h_out, at::Tensor const &dy,
                    at::Tensor const &w_down, int64_t approximate, int64_t swizzle, int64_t raster);
 #endif
+
+// The operands of a call under torch.autocast cast to `dtype` through autocast's weight cache
+// (kernel_src/autograd_nodes/autocast_cast.cpp); None stays None. Every backend, CompositeImplicitAutograd.
+std::vector<std::optional<at::Tensor>> autocast_cast(std::vector<std::optional<at::Tensor>> const &tensors,
+                                                     at::ScalarType dtype);

@@ -8,6 +8,13 @@ backends, Triton or CUTLASS on others) see operands already cast and nothing is 
 differentiable: float32 parameters get float32 gradients, as from autocast's own casts. Before 2026-12-05
 the result's dtype depended on the backend (the ATen paths were cast by autocast inside, the Triton and
 cuBLASLt ones computed in float32), and the layers ran the host's forward under any autocast.
+
+The casts go through autocast's weight cache where the variant has its compiled library (the ``autocast_cast``
+op, kernel_src/autograd_nodes/autocast_cast.cpp): a float32 parameter is cast once per autocast region, as
+autocast's ``linear`` casts it, not once per call. A decode loop inside one ``with torch.autocast(...)`` then
+reads the half-precision copy each step (with a cast per call the MLP took 2.7x eager's time on the
+development CPU). The noarch variant, which has no compiled library, and traced code (torch.compile; the graph
+makes its own casts) cast per call with ``.to``.
 """
 
 from __future__ import annotations
@@ -15,6 +22,7 @@ from __future__ import annotations
 import torch
 
 from ._checks import FLOAT_DTYPES
+from ._ops import HAS_COMPILED_OPS, ops
 
 # Whether any autocast is on (one C call, about 0.12 µs on the development CPU; dynamo traces it and
 # guards on it). The ops ask it before anything else, so a call outside autocast pays only this.
@@ -44,8 +52,25 @@ def castable(*tensors) -> bool:
     return all(t is None or (isinstance(t, torch.Tensor) and t.dtype in FLOAT_DTYPES) for t in tensors)
 
 
+def _cached_cast_op():
+    """The compiled library's ``autocast_cast`` op, or None (noarch variant, or a build before it)."""
+    if not HAS_COMPILED_OPS:
+        return None
+    try:
+        return ops.autocast_cast
+    except (AttributeError, RuntimeError):
+        return None
+
+
+_CACHED_CAST = _cached_cast_op()
+
+
 def cast(dtype: torch.dtype, *tensors) -> list:
-    """The tensors (None stays None) cast to ``dtype``, differentiably."""
+    """The tensors (None stays None) cast to ``dtype``, differentiably; float32 parameters through
+    autocast's weight cache where the compiled library has it (callers are under autocast, ``castable``)."""
+    if _CACHED_CAST is not None and not torch.compiler.is_compiling():
+        tensors = _CACHED_CAST(list(tensors), dtype)
+    # Whatever the cache left (or the noarch variant): a plain cast, a no-op for a tensor already in dtype.
     return [t if t is None else t.to(dtype) for t in tensors]
 
 
