@@ -4,7 +4,10 @@ GeGLU pointwise alone (``geglu`` on [1024, 2048], both GELU flavours) against ``
 
     python3 benchmarks/diag/cpu_mlp.py --out DIR [--rounds 6] [--calls 3] [--ops geglu_mlp,geglu]
 
-``autocast_bf16`` rows: float32 tensors with both sides under ``torch.autocast("cpu", bfloat16)``.
+``autocast_bf16`` rows: float32 tensors with both sides under ``torch.autocast("cpu", bfloat16)``, a region
+per call (a training step's). ``autocast_bf16_region`` rows (forward only): each side's ``--calls`` calls
+inside one region, as a ``generate()`` under autocast runs its steps, so autocast's weight cache serves the
+float32 weights' bf16 copies after the region's first call.
 
 The kernel's product is the GPU; on CPU the functions and layers must work, and a kernelized model must not
 be slower than its own forward. Both are ATen's GEMMs, which take almost all the time, so this shows what
@@ -15,6 +18,7 @@ median over ``--rounds`` interleaved rounds of ``--calls`` calls, the order reve
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import platform
@@ -72,26 +76,29 @@ def main() -> None:
     torch.manual_seed(0)
     rows = []
     # "autocast_bf16": float32 tensors under torch.autocast("cpu", bfloat16), both sides (Trainer's bf16=True).
-    for dtype in ("float32", "bfloat16", "autocast_bf16") if "geglu_mlp" in ops else ():
-        autocast = dtype == "autocast_bf16"
+    for dtype in ("float32", "bfloat16", "autocast_bf16", "autocast_bf16_region") if "geglu_mlp" in ops else ():
+        autocast = dtype.startswith("autocast")
+        region = (lambda: torch.autocast("cpu", dtype=torch.bfloat16)) if dtype.endswith("region") else contextlib.nullcontext
         store = torch.float32 if autocast else getattr(torch, dtype)
         for m, h, i in CASES:
             x = torch.randn(m, h).to(store)
             ws = [(torch.randn(i, h) * h**-0.5).to(store), (torch.randn(i, h) * h**-0.5).to(store),
                   (torch.randn(h, i) * i**-0.5).to(store)]
             dy = torch.randn(m, h).to(torch.bfloat16 if autocast else store)
-            for train in (False, True):
-                leaves = [t.clone().requires_grad_(train) for t in (x, *ws)]
+            for train in (False, True) if dtype != "autocast_bf16_region" else (False,):
+                # Weights are leaves that need a gradient, as a model's parameters (autocast caches only those).
+                leaves = [x.clone().requires_grad_(train), *(w.clone().requires_grad_() for w in ws)]
                 times = {"eager": [], "ours": []}
                 fns = {"eager": eager_mlp, "ours": ours}
-                if autocast:
+                if dtype == "autocast_bf16":
                     fns = {name: under_autocast(fn) for name, fn in fns.items()}
                 for fn in fns.values():  # warm-up
                     _one(fn, leaves, dy, train)
                     _one(fn, leaves, dy, train)
                 for r in range(args.rounds):
                     for name in (("eager", "ours") if r % 2 == 0 else ("ours", "eager")):
-                        times[name] += [_one(fns[name], leaves, dy, train) for _ in range(args.calls)]
+                        with region():
+                            times[name] += [_one(fns[name], leaves, dy, train) for _ in range(args.calls)]
                 row = {"op": "geglu_mlp", "dtype": dtype, "M": m, "H": h, "I": i,
                        "mode": "train" if train else "fwd", "backend": k.last_backend("geglu_mlp"),
                        **{f"{n}_ms": statistics.median(t) * 1e3 for n, t in times.items()}}
