@@ -9,6 +9,7 @@ import random
 import pytest
 import torch
 import torch.nn.functional as F
+from _cast_count import CastCounter
 from _numerics import assert_close, assert_step_close, laid_out, randn
 from test_geglu import BACKENDS, DTYPES, _skip_unless
 from test_linear import BIAS_VIEWS
@@ -1064,19 +1065,6 @@ def test_geglu_mlp_under_autocast_casts_as_f_linear(kernel, device, backend, amp
         assert_close(g, r, e, f"gradient {k}")
 
 
-class _CastCounter(torch.utils._python_dispatch.TorchDispatchMode):
-    """Counts the casts (aten._to_copy) whose source is one of ``sources`` (by identity)."""
-
-    def __init__(self, sources):
-        super().__init__()
-        self.sources, self.casts = sources, 0
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        if func is torch.ops.aten._to_copy.default and any(args[0] is s for s in self.sources):
-            self.casts += 1
-        return func(*args, **(kwargs or {}))
-
-
 @pytest.mark.parametrize("backend", [None, *BACKENDS])
 @pytest.mark.parametrize("op", ["geglu_mlp", "linear"])
 @pytest.mark.parametrize("amp_dtype", [torch.bfloat16, torch.float16], ids=str)
@@ -1104,7 +1092,7 @@ def test_autocast_casts_each_float32_parameter_once_per_region_as_f_linear(kerne
     xs = [randn(3, h, device=device) for _ in range(3)]
 
     def casts(fn):
-        counter = _CastCounter(params)
+        counter = CastCounter(params)
         with torch.autocast(device, dtype=amp_dtype, cache_enabled=cache), counter:
             ys = [fn(x) for x in xs]
         return counter.casts, ys

@@ -93,6 +93,30 @@ def _worker(rank: int, world: int, port: int, bias: bool, result_dir: str) -> No
         assert k.last_backend("geglu_mlp") is not None, "autocast: the fused MLP did not run"
         assert y_amp.dtype == y_amp_eager.dtype == torch.bfloat16
         _numerics.assert_close(y_amp, copy.deepcopy(ref).double()(x.double()), y_amp_eager, "tensor-parallel autocast")
+        # Two calls in one region cast each DTensor parameter once, as autocast's linear does (its weight
+        # cache), and the gradients reach the float32 shards: within twice eager autocast's error.
+        from _cast_count import CastCounter
+
+        params = [p for _, p in sorted(tp.named_parameters())]
+        ref_params = [p for _, p in sorted(ref.named_parameters())]
+        for p in params + ref_params:
+            p.grad = None
+        counter = CastCounter(params)
+        with torch.autocast("cpu", dtype=torch.bfloat16), counter:
+            tp(x)
+            y_amp = tp(x)
+        assert counter.casts == len(params), f"{counter.casts} casts of {len(params)} parameters in one region"
+        y_amp.backward(dy.to(y_amp.dtype))
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            y_amp_eager = ref(x)
+        y_amp_eager.backward(dy.to(y_amp_eager.dtype))
+        ref64 = copy.deepcopy(ref).double()
+        ref64(x.double()).backward(dy.double())
+        for (name, p), e, r in zip(sorted(tp.named_parameters()), ref_params,
+                                   [p for _, p in sorted(ref64.named_parameters())]):
+            assert p.grad.dtype == torch.float32, name
+            got = p.grad.full_tensor()
+            _numerics.assert_close(got, r.grad, e.grad, f"tensor-parallel autocast grad {name}")
         Path(result_dir, f"rank{rank}").write_text(f"ok {ran}")
     finally:
         dist.destroy_process_group()

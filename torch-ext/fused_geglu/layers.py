@@ -198,13 +198,16 @@ def _tensor_parallel_mlp(module: nn.Module, x: torch.Tensor, approx: str):
     if cast is False or x.dtype not in FLOAT_DTYPES or (cast is None and x.dtype != weights[0].dtype) or (
             cast is not None and any(t is not None and t.dtype not in FLOAT_DTYPES for t in weights + biases)):
         return None
+    if cast is not None:
+        # As autocast's linear casts the DTensor parameters: through its weight cache, once per region (a
+        # cast of the local shards, which are views, would be made again every call).
+        *weights, b_gate, b_up, b_down = _autocast.cast(cast, *weights, *biases)
+        biases = (b_gate, b_up, b_down)
     group = mesh.get_group()
     x = _CopyToTensorParallel.apply(x, group)
     local = [w.to_local() for w in weights]
     b_gate, b_up, b_down = (None if b is None else b.to_local() for b in biases)
-    y = geglu_mlp(x, *local, b_gate, b_up, None, approximate=approx)  # under autocast: cast inside
-    if cast is not None and b_down is not None:
-        (b_down,) = _autocast.cast(cast, b_down)  # as autocast's linear would have cast it
+    y = geglu_mlp(x, *local, b_gate, b_up, None, approximate=approx)  # under autocast: x cast inside
     y = _ReduceFromTensorParallel.apply(y, group)
     if b_down is not None:
         y = y + b_down
