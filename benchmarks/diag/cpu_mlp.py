@@ -2,7 +2,7 @@
 C++ training node) against the eager module, forward (no_grad) and training step, fp32 and bf16; and the
 GeGLU pointwise alone (``geglu`` on [1024, 2048], both GELU flavours) against ``F.gelu(gate) * up``.
 
-    python3 benchmarks/diag/cpu_mlp.py --out DIR [--rounds 6] [--calls 3] [--ops geglu_mlp,geglu]
+    python3 benchmarks/diag/cpu_mlp.py --out DIR [--rounds 6] [--calls 3] [--ops geglu_mlp,geglu] [--dtypes ...]
 
 ``autocast_bf16`` rows: float32 tensors with both sides under ``torch.autocast("cpu", bfloat16)``, a region
 per call (a training step's). ``autocast_bf16_region`` rows (forward only): each side's ``--calls`` calls
@@ -29,6 +29,7 @@ from pathlib import Path
 import torch
 from _diag import eager_mlp, load_kernel
 
+MLP_DTYPES = ("float32", "bfloat16", "autocast_bf16", "autocast_bf16_region")
 CASES = [(16, 1152, 6912), (256, 1152, 6912), (1024, 512, 2048), (2048, 1024, 4096)]  # (M, H, I)
 
 
@@ -58,8 +59,12 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=6)
     p.add_argument("--calls", type=int, default=3)
     p.add_argument("--ops", default="geglu_mlp,geglu", help="comma-separated: geglu_mlp (the MLP), geglu (pointwise)")
+    p.add_argument("--dtypes", default=",".join(MLP_DTYPES), help=f"the MLP rows' dtypes, of {','.join(MLP_DTYPES)}")
     args = p.parse_args()
     ops = set(args.ops.split(","))
+    dtypes = args.dtypes.split(",")
+    if not set(dtypes) <= set(MLP_DTYPES):
+        p.error(f"--dtypes takes {','.join(MLP_DTYPES)}, got {args.dtypes!r}")
     if not ops or not ops <= {"geglu_mlp", "geglu"}:
         p.error(f"--ops takes geglu_mlp and/or geglu, got {args.ops!r}")
     k = load_kernel()
@@ -76,7 +81,7 @@ def main() -> None:
     torch.manual_seed(0)
     rows = []
     # "autocast_bf16": float32 tensors under torch.autocast("cpu", bfloat16), both sides (Trainer's bf16=True).
-    for dtype in ("float32", "bfloat16", "autocast_bf16", "autocast_bf16_region") if "geglu_mlp" in ops else ():
+    for dtype in dtypes if "geglu_mlp" in ops else ():
         autocast = dtype.startswith("autocast")
         region = (lambda: torch.autocast("cpu", dtype=torch.bfloat16)) if dtype.endswith("region") else contextlib.nullcontext
         store = torch.float32 if autocast else getattr(torch, dtype)
