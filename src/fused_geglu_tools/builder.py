@@ -253,7 +253,8 @@ def _compile_shared_object(
     libs += ["-lc10", "-ltorch", "-ltorch_cpu"]
     if backend == "cuda":
         libs += [f"-L{d}" for d in tc.cuda_library_dirs]
-        libs += ["-lc10_cuda", "-ltorch_cuda", "-lcudart", *toolchain.cublaslt_link_flags(tc.cuda_library_dirs)]
+        libs += ["-lc10_cuda", "-ltorch_cuda", *toolchain.cuda_library_link_flags("cudart", tc.cuda_library_dirs),
+                 *toolchain.cuda_library_link_flags("cublasLt", tc.cuda_library_dirs)]
     libs += toolchain.shared_libstdcxx_flags(tc.cxx)
     _run([tc.cxx, "-shared", "-fPIC", *map(str, objects), "-o", str(out), *libs], f"linked {out.name}")
     toolchain.check_shared_libstdcxx(out)

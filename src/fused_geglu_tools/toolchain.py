@@ -50,7 +50,30 @@ def _cuda_home(nvcc: str | None) -> Path | None:
     if env:
         return Path(env)
     if nvcc:
-        return Path(nvcc).resolve().parent.parent
+        home = Path(nvcc).resolve().parent.parent
+        if _is_toolkit(home):
+            return home
+        # nvcc on PATH may be a wrapper script (`exec /usr/local/cuda-13.0/bin/nvcc "$@"`): its folder's
+        # parent is then /usr/local, whose lib has no libcudart.so. nvcc itself names its toolkit.
+        return _nvcc_top(nvcc) or home
+    return None
+
+
+def _is_toolkit(home: Path) -> bool:
+    return any((home / sub / "cuda_runtime.h").is_file() for sub in ("include", "targets/x86_64-linux/include"))
+
+
+def _nvcc_top(nvcc: str) -> Path | None:
+    """The toolkit root nvcc reports for itself (``#$ TOP=...`` of a dry run), or None."""
+    try:
+        out = subprocess.run([nvcc, "--dryrun", "-x", "cu", "-c", os.devnull, "-o", os.devnull],
+                             capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    for line in (out.stdout + out.stderr).splitlines():
+        if line.startswith("#$ TOP="):
+            top = Path(line.split("=", 1)[1].strip().strip('"')).resolve()
+            return top if _is_toolkit(top) else None
     return None
 
 
@@ -157,15 +180,18 @@ def _nvidia_wheel_dirs() -> tuple[list[str], list[str]]:
     return incs, libs
 
 
-def cublaslt_link_flags(library_dirs: tuple[str, ...]) -> list[str]:
-    """``-lcublasLt`` where a dev symlink exists, else the versioned file (wheels ship only that)."""
-    for d in library_dirs:  # in order: the wheel's (torch's own copy) before the toolkit's
-        versioned = sorted(Path(d).glob("libcublasLt.so.*"))
+def cuda_library_link_flags(name: str, library_dirs: tuple[str, ...]) -> list[str]:
+    """Link flags for CUDA library ``name`` ("cudart", "cublasLt"): the first folder that has it, in
+    order (the nvidia-* wheels', whose copy torch itself loads, before the toolkit's). A wheel ships only
+    the versioned file (``libcudart.so.13``), which ``-l:`` names; a toolkit has the ``lib<name>.so`` link."""
+    for d in library_dirs:
+        versioned = sorted(Path(d).glob(f"lib{name}.so.*"))
         if versioned:
             return [f"-L{d}", f"-l:{versioned[0].name}", f"-Wl,-rpath,{d}"]
-        if (Path(d) / "libcublasLt.so").exists():
-            return [f"-L{d}", "-lcublasLt"]
-    raise ToolchainError("libcublasLt not found (CUDA toolkit lib64 or the nvidia-cublas wheel)")
+        if (Path(d) / f"lib{name}.so").exists():
+            return [f"-L{d}", f"-l{name}"]
+    raise ToolchainError(f"lib{name} not found in {list(library_dirs)} (a CUDA toolkit's lib64, or the nvidia-* "
+                         "wheels a CUDA torch installs)")
 
 
 def shared_libstdcxx_flags(cxx: str) -> list[str]:
