@@ -205,6 +205,51 @@ def test_missing_libstdcxx_dev_link_falls_back_to_the_shared_runtime(tmp_path):
         assert toolchain.shared_libstdcxx_flags(real) == ([] if os.path.isabs(dev) else ["-l:libstdc++.so.6"])
 
 
+def test_cuda_libraries_link_from_a_wheel_or_a_toolkit(tmp_path):
+    """A CUDA torch's nvidia-* wheels ship only versioned files (libcudart.so.13), a toolkit the
+    lib<name>.so link: the first folder that has the library decides, the wheel's (torch's own copy)
+    listed first. Until deddce2 cudart was linked with a bare -lcudart, which a machine with pip's CUDA
+    runtime and no toolkit link in the search path could not link."""
+    from fused_geglu_tools import toolchain
+
+    wheel, toolkit = tmp_path / "wheel", tmp_path / "toolkit"
+    wheel.mkdir()
+    toolkit.mkdir()
+    (wheel / "libcudart.so.13").write_bytes(b"")
+    (toolkit / "libcudart.so").write_bytes(b"")
+    (toolkit / "libcublasLt.so").write_bytes(b"")
+    assert toolchain.cuda_library_link_flags("cudart", (str(wheel), str(toolkit))) == [
+        f"-L{wheel}", "-l:libcudart.so.13", f"-Wl,-rpath,{wheel}"]
+    assert toolchain.cuda_library_link_flags("cublasLt", (str(wheel), str(toolkit))) == [f"-L{toolkit}", "-lcublasLt"]
+    with pytest.raises(toolchain.ToolchainError, match="libcusparse not found"):
+        toolchain.cuda_library_link_flags("cusparse", (str(wheel), str(toolkit)))
+
+
+def test_cuda_home_behind_an_nvcc_wrapper_script(tmp_path, monkeypatch):
+    """nvcc on PATH may be a script that execs the toolkit's nvcc (/usr/local/bin/nvcc on the project
+    machines): the toolkit is then the one nvcc reports (``#$ TOP=`` of a dry run), not the script's
+    folder's parent; $CUDA_HOME still wins."""
+    from fused_geglu_tools import toolchain
+
+    kit = tmp_path / "cuda-13.0"
+    (kit / "include").mkdir(parents=True)
+    (kit / "include" / "cuda_runtime.h").write_text("")
+    (kit / "bin").mkdir()
+    wrapper = tmp_path / "local" / "bin" / "nvcc"
+    wrapper.parent.mkdir(parents=True)
+    wrapper.write_text(f'#!/bin/sh\necho "#$ TOP={kit}/bin/.." >&2\n')  # nvcc prints its dry run on stderr
+    wrapper.chmod(0o755)
+    monkeypatch.delenv("CUDA_HOME", raising=False)
+    monkeypatch.delenv("CUDA_PATH", raising=False)
+    assert toolchain._cuda_home(str(wrapper)) == kit
+    real_kit_nvcc = kit / "bin" / "nvcc"
+    real_kit_nvcc.write_text("#!/bin/sh\nexit 1\n")
+    real_kit_nvcc.chmod(0o755)
+    assert toolchain._cuda_home(str(real_kit_nvcc)) == kit  # nvcc inside a toolkit: its parent's parent
+    monkeypatch.setenv("CUDA_HOME", str(tmp_path / "elsewhere"))
+    assert toolchain._cuda_home(str(wrapper)) == tmp_path / "elsewhere"
+
+
 def test_object_cache_key_covers_compiler_and_cutlass_headers(tmp_path, monkeypatch):
     """build/.objcache is reused across machines (carried between device calls), so an object is
     reused only when the compiler and the CUTLASS headers it saw are the same too, besides the
