@@ -44,12 +44,28 @@
 #include <ATen/core/Tensor.h>
 #include <c10/util/Exception.h>
 
+#if __cplusplus >= 202002L
 #include <bit>
+#endif
 #include <cstdint>
 #include <cstdlib>
 #include <string>
 
 namespace {
+
+// std::bit_cast is C++20, and the builder compiles with -std=c++17 for torch < 2.12 (torch 2.11 is the
+// CUDA variant's; this file failed to compile there until 2026-12-05). There, the compiler builtin that
+// std::bit_cast wraps (GCC >= 11, Clang >= 9), which every language mode has. Under C++20 std::bit_cast
+// itself, so those builds keep their code byte for byte.
+#if __cplusplus >= 202002L
+using std::bit_cast;
+#else
+template <class To, class From>
+inline __attribute__((always_inline)) To bit_cast(From v) {
+  static_assert(sizeof(To) == sizeof(From), "bit_cast between types of one size");
+  return __builtin_bit_cast(To, v);
+}
+#endif
 
 // ---------------------------------------------------------------------------------------------------
 // Branchless building blocks.
@@ -63,7 +79,7 @@ inline __attribute__((always_inline)) uint32_t blend_bits(bool c, uint32_t a, ui
   return (a & m) | (b & ~m);
 }
 inline __attribute__((always_inline)) float blend(bool c, float a, float b) {
-  return std::bit_cast<float>(blend_bits(c, std::bit_cast<uint32_t>(a), std::bit_cast<uint32_t>(b)));
+  return bit_cast<float>(blend_bits(c, bit_cast<uint32_t>(a), bit_cast<uint32_t>(b)));
 }
 
 // ---------------------------------------------------------------------------------------------------
@@ -78,10 +94,10 @@ struct F32 {
 struct BF16 {
   using T = uint16_t;
   static inline __attribute__((always_inline)) float load(T v) {
-    return std::bit_cast<float>(static_cast<uint32_t>(v) << 16);
+    return bit_cast<float>(static_cast<uint32_t>(v) << 16);
   }
   static inline __attribute__((always_inline)) T store(float f) {
-    const uint32_t u = std::bit_cast<uint32_t>(f);
+    const uint32_t u = bit_cast<uint32_t>(f);
     const uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;  // nearest-even
     return static_cast<T>(blend_bits(f != f, 0x7fc0u, rounded));      // quiet NaN stays NaN
   }
@@ -94,13 +110,13 @@ struct F16 {
     const uint32_t mag = h & 0x7fffu;
     // Put the 15 magnitude bits at fp32's exponent/mantissa position and rescale by 2^(127-15):
     // exact for normals and (as fp32 denormal * 2^112) for fp16 denormals. Inf/NaN get exponent 255.
-    const float finite = std::bit_cast<float>(mag << 13) * 0x1.0p112f;
+    const float finite = bit_cast<float>(mag << 13) * 0x1.0p112f;
     const uint32_t special = 0x7f800000u | ((mag & 0x3ffu) << 13);
-    const uint32_t bits = blend_bits(mag >= 0x7c00u, special, std::bit_cast<uint32_t>(finite));
-    return std::bit_cast<float>(bits | ((h & 0x8000u) << 16));
+    const uint32_t bits = blend_bits(mag >= 0x7c00u, special, bit_cast<uint32_t>(finite));
+    return bit_cast<float>(bits | ((h & 0x8000u) << 16));
   }
   static inline __attribute__((always_inline)) T store(float f) {
-    const uint32_t u = std::bit_cast<uint32_t>(f);
+    const uint32_t u = bit_cast<uint32_t>(f);
     const uint32_t sign = (u >> 16) & 0x8000u;
     const int32_t a = static_cast<int32_t>(u & 0x7fffffffu);
     // Normal results: rebias the exponent (127 -> 15) and round the 13 dropped mantissa bits to
@@ -110,9 +126,9 @@ struct F16 {
     // Denormal results (|f| < 2^-14): adding 0.5 makes the FPU round |f| to a multiple of 2^-24
     // (fp32's ulp at 0.5); the integer difference of the bit patterns is the fp16 mantissa (a result
     // of exactly 2^-14 becomes 0x400, the smallest normal, which is the right encoding).
-    const float absf = std::bit_cast<float>(static_cast<uint32_t>(a));
+    const float absf = bit_cast<float>(static_cast<uint32_t>(a));
     const int32_t denormal =
-        static_cast<int32_t>(std::bit_cast<uint32_t>(absf + 0.5f) - std::bit_cast<uint32_t>(0.5f));
+        static_cast<int32_t>(bit_cast<uint32_t>(absf + 0.5f) - bit_cast<uint32_t>(0.5f));
     int32_t h = static_cast<int32_t>(blend_bits(a < (113 << 23), static_cast<uint32_t>(denormal),
                                                  static_cast<uint32_t>(normal)));
     h = static_cast<int32_t>(blend_bits(h > 0x7c00, 0x7c00u, static_cast<uint32_t>(h)));  // overflow: inf
@@ -149,7 +165,7 @@ inline __attribute__((always_inline)) float exp_in_range(float x) {
   g = madd<FMA>(g, r, 5.000000000e-01f);
   const float p = madd<FMA>(r * r, g, r) + 1.0f;
   const int32_t ni = static_cast<int32_t>(n);  // in [-126, 127] for x in range
-  const float scale = std::bit_cast<float>(static_cast<uint32_t>(ni + 127) << 23);
+  const float scale = bit_cast<float>(static_cast<uint32_t>(ni + 127) << 23);
   return p * scale;
 }
 
@@ -165,7 +181,7 @@ struct NormalCdf {
 
 template <bool FMA>
 inline __attribute__((always_inline)) NormalCdf normal_cdf(float x) {
-  const float ax = std::bit_cast<float>(std::bit_cast<uint32_t>(x) & 0x7fffffffu);
+  const float ax = bit_cast<float>(bit_cast<uint32_t>(x) & 0x7fffffffu);
   // exp(-x^2 / 2) with the product's rounding error put back: -x/2 is exact, so with FMA `lo` is the
   // exact residual of the rounded h, and e^(h + lo) = e^h (1 + lo). Without FMA lo is 0 (a few ulp more
   // error in the negative tail, where |h| is large). |x| is capped at 13.1 here, so h >= -85.9 needs no
@@ -193,9 +209,9 @@ inline __attribute__((always_inline)) NormalCdf normal_cdf(float x) {
   const float tail = gauss * (t * q);
   // Phi(x) = 1 - T for x >= +0, T for x <= -0, as one multiply-add on the sign: s = -1 or +1 and
   // Phi = s T + (1 - s) / 2, where (1 - s) / 2 is exactly 1 or 0. (A NaN x has a NaN T.)
-  const uint32_t sign = std::bit_cast<uint32_t>(x) & 0x80000000u;
-  const float s = std::bit_cast<float>(0xbf800000u ^ sign);
-  const float x_capped = std::bit_cast<float>(std::bit_cast<uint32_t>(xc) | sign);  // x, or +-kFar
+  const uint32_t sign = bit_cast<uint32_t>(x) & 0x80000000u;
+  const float s = bit_cast<float>(0xbf800000u ^ sign);
+  const float x_capped = bit_cast<float>(bit_cast<uint32_t>(xc) | sign);  // x, or +-kFar
   return {madd<FMA>(s, tail, madd<FMA>(-0.5f, s, 0.5f)), kInvSqrt2Pi * gauss, x_capped};
 }
 
