@@ -186,3 +186,25 @@ def test_torch_func_transforms_compute_the_math(kernel, device, transform):
                 got = fwad.unpack_dual(fn(fwad.make_dual(x, t))).tangent
                 want = fwad.unpack_dual(ref(fwad.make_dual(x, t))).tangent
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5, msg=f"{name} under {transform}")
+
+
+def test_python_autograd_nodes_carry_the_op_name(kernel, monkeypatch):
+    """The Python autograd node of each op (the torch/triton/cuda routes without a C++ node) is named after
+    the op, so a graph (a profiler trace, torchviz, a test that counts fused nodes) can tell them apart:
+    until 2026-12-05 every one was "_FunctionBackward" (the class was renamed after autograd had named
+    its node class)."""
+    import importlib
+
+    monkeypatch.setattr(importlib.import_module(f"{kernel.__name__}._dispatch"), "CPP_AUTOGRAD", False)
+    x = randn(3, 8, requires_grad=True)
+    w = [randn(16, 8, requires_grad=True), randn(16, 8, requires_grad=True), randn(8, 16, requires_grad=True)]
+    calls = {
+        "FusedGegluBackward": lambda: kernel.geglu(w[0], w[1], backend="torch"),
+        "FusedGegluPackedBackward": lambda: kernel.geglu_packed(torch.cat(w[:2], 1), backend="torch"),
+        "FusedLinearBackward": lambda: kernel.linear(x, w[0], activation="gelu_tanh", backend="torch"),
+        "FusedGegluMlpBackward": lambda: kernel.geglu_mlp(x, *w, backend="torch"),
+    }
+    for want, call in calls.items():
+        y = call()
+        assert y.grad_fn.name() == want, (want, y.grad_fn.name())
+        y.sum().backward()

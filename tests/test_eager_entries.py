@@ -183,7 +183,7 @@ def test_linear_on_aten_takes_the_short_path(kernel, device, monkeypatch, dtype,
         assert_close(g, r, e, f"linear {activation} {layout} {name}")
     monkeypatch.setattr(_mod(kernel, "_dispatch"), "CPP_AUTOGRAD", False)  # the Python node, for measuring
     yp = kernel.linear(*leaves, activation=activation, backend="torch")
-    assert type(yp.grad_fn).__name__ == "_FunctionBackward", yp.grad_fn.name()
+    assert type(yp.grad_fn).__name__ == "FusedLinearBackward", yp.grad_fn.name()
     assert torch.equal(yp.detach(), y)
     # Its backward is the op path's own GEMMs and fp32 bias sum, not ATen's: right, not the same bits.
     for name, g, r, e in zip(("dx", "dW", "db"), torch.autograd.grad(yp, leaves, torch.ones_like(yp)), r64, re):

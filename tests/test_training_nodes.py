@@ -341,7 +341,7 @@ def test_linear_training_runs_on_cpp_nodes(kernel, device, monkeypatch, backend,
         if ran in ("torch", "cpu"):
             assert y.grad_fn.name().endswith("Backward0"), f"ATen's own node expected, got {y.grad_fn.name()}"
         else:
-            assert type(y.grad_fn).__name__ == "_FunctionBackward", (ran, y.grad_fn.name())
+            assert type(y.grad_fn).__name__ == "FusedLinearBackward", (ran, y.grad_fn.name())
         grad = randn(*y.shape, dtype=dtype, device=device)
         outs = (y.detach(), *torch.autograd.grad(y, leaves, grad))
     _check_against_float64(outs, base, grad, ref, ref, f"linear {activation} training")
