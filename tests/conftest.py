@@ -85,6 +85,17 @@ def device() -> str:
     return "cuda" if HAS_CUDA else "cpu"
 
 
+@pytest.fixture
+def compiled(kernel, device) -> str:
+    """The loaded variant's compiled backend for the test device's tensors ("cpu" or "cuda"), or a skip:
+    a CUDA torch on a machine with no GPU loads the CUDA variant, whose compiled kernels take CUDA tensors
+    only, so its CPU tensors have the ``torch`` backend (and Triton's interpreter) alone. Tests of what the
+    compiled kernels do on the device ask for this (seen with torch 2.11+cu130 on the development CPU)."""
+    if device not in kernel.available_backends(device):
+        pytest.skip(f"the loaded variant ({kernel.__name__}) has no compiled kernels for {device} tensors")
+    return device
+
+
 @pytest.fixture(scope="session")
 def backends(kernel, device) -> list[str]:
     """Every backend the loaded variant has for the test device (the tests run each)."""

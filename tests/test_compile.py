@@ -145,7 +145,7 @@ def test_opcheck(kernel, device, name):
 
 
 @pytest.mark.parametrize("name", ["geglu_mlp_train_fwd", "geglu_mlp_gemm_bwd_keep", "geglu_mlp_fwd_planned"])
-def test_opcheck_traced_training_ops(kernel, device, name):
+def test_opcheck_traced_training_ops(kernel, device, compiled, name):
     """The two compiled ops a traced training step calls directly (``mlp_traced.training``): schema,
     the fake kernels and the forward's autograd registered in fused_geglu/mlp_traced.py, AOT dispatch."""
     op = getattr(torch.ops, kernel.OPS_ID)
@@ -172,7 +172,7 @@ _PLANNED_SHAPES = [((3, 37), 48, 200, torch.float32), ((2, 160), 264, 392, torch
 
 
 @pytest.fixture
-def traced_ops_on(kernel, device, monkeypatch):
+def traced_ops_on(kernel, device, compiled, monkeypatch):
     """The traced route switched on for the test's device (``mlp_traced.TRACED_OPS_DEVICES``; CUDA's default
     is off until a GPU run verifies it: these tests are that run)."""
     traced = importlib.import_module(kernel.__name__ + ".mlp_traced")
@@ -254,7 +254,7 @@ def test_make_fx_training_step_records_the_compiled_ops(kernel, device, traced_o
         torch.testing.assert_close(a, b, rtol=0, atol=0)
 
 
-def test_traced_ops_switch_keeps_the_custom_ops(kernel, device, monkeypatch):
+def test_traced_ops_switch_keeps_the_custom_ops(kernel, device, compiled, monkeypatch):
     """``FUSED_GEGLU_TRACED_OPS=0`` (``mlp_traced.TRACED_OPS_DEVICES`` without the device): traced graphs call
     the custom ops again, with the same values."""
     traced = importlib.import_module(kernel.__name__ + ".mlp_traced")
@@ -276,7 +276,7 @@ def test_traced_ops_switch_keeps_the_custom_ops(kernel, device, monkeypatch):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
 
 
-def test_traced_ops_default_devices(kernel, device):
+def test_traced_ops_default_devices(kernel, device, compiled):
     """$FUSED_GEGLU_TRACED_OPS: unset, the traced route is CPU's only (CUDA's awaits a GPU run); '1'
     every device, '0' none; anything else is refused, naming the variable. A device outside the set
     (CUDA by default) gets the custom ops in its graphs."""

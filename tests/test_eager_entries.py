@@ -121,7 +121,7 @@ def test_entry_refuses_what_the_wrapper_checks(kernel, device):
         kernel.gelu_and_mul(torch.empty(4, 4, device=device), a)
 
 
-def test_backend_environment_is_read_on_every_call(kernel, device, monkeypatch):
+def test_backend_environment_is_read_on_every_call(kernel, device, compiled, monkeypatch):
     """$FUSED_GEGLU_BACKEND set or cleared at run time takes effect on the next call, through the
     fast environment read, and a bad value is refused with the accepted ones."""
     dispatch = _mod(kernel, "_dispatch")

@@ -405,7 +405,7 @@ def test_linear_short_path_refuses_what_linear_refuses(kernel, device, monkeypat
         kernel.linear(x, w, torch.empty(5, device="meta"))
 
 
-def test_linear_short_path_yields_to_overrides(kernel, device, monkeypatch, backends):
+def test_linear_short_path_yields_to_overrides(kernel, device, compiled, monkeypatch, backends):
     """The short path runs only while nothing overrides the policy: a backend named in the call or
     in $FUSED_GEGLU_BACKEND, $FUSED_GEGLU_CUBLASLT set, an activation, an addend, a strided x, or
     the Python autograd node asked for ($FUSED_GEGLU_CPP_AUTOGRAD=0) in a training step."""
@@ -441,7 +441,7 @@ def test_linear_short_path_yields_to_overrides(kernel, device, monkeypatch, back
     assert kernel.last_backend("linear") == "marker"
 
 
-def test_linear_short_path_is_learned_where_auto_picks_aten(kernel, device, monkeypatch):
+def test_linear_short_path_is_learned_where_auto_picks_aten(kernel, device, compiled, monkeypatch):
     """A device enters the short path's table after a plain auto call that chose ATen, and only
     then: not while an override is set, nor where auto chose another backend."""
     mod = _fresh_tables(kernel, monkeypatch, None)

@@ -333,7 +333,7 @@ def test_training_gradients_match(family, device, kernel):
 
 
 @pytest.mark.parametrize("traced_ops", [True, False], ids=["compiled_ops", "custom_ops"])
-def test_compiled_training_gradients_match(device, kernel, monkeypatch, traced_ops):
+def test_compiled_training_gradients_match(device, kernel, monkeypatch, traced_ops, request):
     """Kernelize for training under torch.compile, compile the whole model, take gradients: they match
     eager's within the float64-referenced bound. The compiled graph's backward is the kernel's and
     writes the gradients to buffers of their own (the eager node overwrites the saved pre-activations
@@ -341,6 +341,8 @@ def test_compiled_training_gradients_match(device, kernel, monkeypatch, traced_o
     (static sizes, ``mlp_traced.training``), else the functional ``geglu_mlp_bwd_op``. Both routes,
     whatever $FUSED_GEGLU_TRACED_OPS makes the default (``mlp_traced.TRACED_OPS_DEVICES``)."""
     traced = importlib.import_module(kernel.__name__ + ".mlp_traced")
+    if traced_ops:
+        request.getfixturevalue("compiled")  # the traced ops are the compiled library's
     monkeypatch.setattr(traced, "TRACED_OPS_DEVICES", frozenset({device} if traced_ops else ()))
     model, kind, cls_name, count = _build("gemma", device)
     model.train()
