@@ -14,6 +14,9 @@ round is free of the host's drift; each row's peak memory is taken from a base w
 ``--batch 1 --seq 16 --reps 50`` is a decode-sized step without CUDA graphs, where the host's time per
 module call decides.
 
+``--autocast``: the model kept in float32 and every call under ``torch.autocast("cuda", bfloat16)``, one region
+per timed call (a training step's, Trainer's ``bf16=True``), against eager's own autocast.
+
 Loads the kernel from the staged offline cache (``make stage``), like the tests and the demo.
 """
 
@@ -208,6 +211,8 @@ def main() -> int:
     p.add_argument("--modes", default="fwd,train", help="which steps to time: fwd, train or both")
     p.add_argument("--kernel-profile", action="store_true",
                    help="also: one profiled step per provider and mode, its GPU time by kernel (top 25)")
+    p.add_argument("--autocast", action="store_true",
+                   help="float32 model, each call under torch.autocast('cuda', bfloat16) (mixed-precision training)")
     p.add_argument("--host-profile", action="store_true",
                    help="also: host time inside each MLP module's call (forward hooks), and a torch.profiler "
                         "table of one forward, eager and kernelized")
@@ -225,21 +230,26 @@ def main() -> int:
     cfg = GemmaConfig(vocab_size=4096, hidden_size=args.hidden, intermediate_size=args.intermediate, num_hidden_layers=args.layers,
                       num_attention_heads=8, num_key_value_heads=1, head_dim=256, max_position_embeddings=args.seq,
                       hidden_act="gelu_pytorch_tanh", hidden_activation="gelu_pytorch_tanh")
-    model = GemmaForCausalLM(cfg).to("cuda", torch.bfloat16)
+    model = GemmaForCausalLM(cfg).to("cuda", torch.float32 if args.autocast else torch.bfloat16)
+
+    def amp():  # one autocast region per call with --autocast (a no-op context without)
+        return torch.autocast("cuda", dtype=torch.bfloat16, enabled=args.autocast)
     kernelized = copy.deepcopy(model)  # the same weights; kernelized below, per mode
     ids = torch.randint(0, cfg.vocab_size, (args.batch, args.seq), device="cuda")
     rows = []
 
     def fwd(m):
         def run():
-            with torch.no_grad():
+            with torch.no_grad(), amp():
                 return m(input_ids=ids).logits
         return run
 
     def train(m):
         def run():
             m.zero_grad(set_to_none=True)
-            m(input_ids=ids, labels=ids).loss.backward()
+            with amp():
+                loss = m(input_ids=ids, labels=ids).loss
+            loss.backward()
         return run
 
     def measure(name, m, mode_train, rnd=0):
@@ -257,7 +267,7 @@ def main() -> int:
 
     def logits_error(m):
         m.eval()
-        with torch.no_grad():
+        with torch.no_grad(), amp():
             return float((m(input_ids=ids).logits.float() - ref_logits).norm() / ref_logits.norm())
 
     def kernelize_for(m, train_mode, compiled):
@@ -266,7 +276,7 @@ def main() -> int:
         return str(kernelize(m, mode=mode | Mode.TORCH_COMPILE if compiled else mode, device="cuda", source="hub"))
 
     model.eval()
-    with torch.no_grad():
+    with torch.no_grad(), amp():
         ref_logits = model(input_ids=ids).logits.float()
     providers = {"eager": model, "kernelized": kernelized}
     pairs = [("eager", "kernelized")]
@@ -346,14 +356,14 @@ def main() -> int:
            "switches": {k: v for k, v in sorted(os.environ.items())
                         if k.startswith("FUSED_GEGLU_") and k not in ("FUSED_GEGLU_COMMIT", "FUSED_GEGLU_DIRTY")}}
     payload = {"config": {"hidden": args.hidden, "intermediate": args.intermediate, "layers": args.layers, "batch": args.batch,
-                          "seq": args.seq, "dtype": "bfloat16", "reps": args.reps, "rounds": args.rounds,
+                          "seq": args.seq, "dtype": "float32+autocast_bf16" if args.autocast else "bfloat16", "reps": args.reps, "rounds": args.rounds,
                           "compile_mode": args.compile_mode, "modes": modes},
                "env": env, "compile_s": compile_s, "kernelize": report,
                "logits_rel_diff": errors, "graph_breaks": breaks, "kernel_profile": kernel_profile,
                "summary": summary, "rows": rows, "host_profile": profile}
     args.out.mkdir(parents=True, exist_ok=True)
     width = "gemma2b" if (args.hidden, args.intermediate) == (2048, 16384) else f"h{args.hidden}i{args.intermediate}"
-    tag = f"-{args.compile_mode}" if args.compile_mode else ""
+    tag = (f"-{args.compile_mode}" if args.compile_mode else "") + ("-autocast" if args.autocast else "")
     path = args.out / f"e2e-{width}-{time.strftime('%Y%m%d')}-b{args.batch}s{args.seq}{tag}.json"
     path.write_text(json.dumps(payload, indent=1))
     print(f"wrote {path}")
