@@ -571,3 +571,37 @@ def test_from_pretrained_use_kernels(tmp_path, device, kernel):
             _assert_kernel_forward(module, kernel, "GeGLUMLP")
         _out(loaded, inputs).sum().backward()
         assert loaded.model.layers[0].mlp.gate_proj.weight.grad is not None
+
+
+# --- torch.export ------------------------------------------------------------------------------------
+
+class _Logits(nn.Module):
+    """A model's logits (or last hidden state) as the one output, without a cache: what an export serves."""
+
+    def __init__(self, model):
+        super().__init__()
+        self.model = model
+
+    def forward(self, **inputs):
+        return _out(self.model, {**inputs, "use_cache": False})
+
+
+@pytest.mark.parametrize("strict", [False, True], ids=["nonstrict", "strict"])
+@pytest.mark.parametrize("family", ["gemma", "t5"])
+def test_torch_export_keeps_the_fused_ops(family, strict, device, kernel):
+    """``torch.export`` of a kernelized model (under no_grad: an inference program) calls the kernel's MLP op
+    once per replaced module, and the exported program computes what eager computes. A non-strict export
+    (torch.export's default) hands forward its parameters as FakeTensors, which the layers took for a tensor
+    subclass until 2026-12-05: the program then held the host's unfused ops."""
+    model, kind, cls_name, count = _build(family, device)
+    eager, ref = copy.deepcopy(model), copy.deepcopy(model).double()
+    report = fgt.kernelize(model, source="hub")
+    assert report.count(cls_name) == count, report
+    inputs = _inputs(kind, device, torch.float32)
+    with torch.no_grad():
+        program = torch.export.export(_Logits(model), (), kwargs=inputs, strict=strict)
+        fused = [str(n.target) for n in program.graph.nodes
+                 if n.op == "call_function" and kernel.OPS_ID in str(n.target)]
+        assert len(fused) == count, (fused, [str(n.target) for n in program.graph.nodes if n.op == "call_function"])
+        _assert_close(f"{family} exported", program.module()(**inputs), _Logits(eager)(**inputs),
+                      _Logits(ref)(**_inputs(kind, device, torch.float64)), torch.float32)

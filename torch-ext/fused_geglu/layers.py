@@ -31,6 +31,15 @@ from .linear import linear
 from .mlp import geglu_mlp
 from ._opdef import _PLAIN
 
+try:  # the parameters as a non-strict torch.export trace (torch.export's default) hands them to forward
+    from torch._subclasses.fake_tensor import FakeTensor as _FakeTensor
+except ImportError:  # pragma: no cover - private module moved
+    _FakeTensor = None
+# Weight types the layers take as plain dense tensors. A FakeTensor is a plain tensor's stand-in while
+# a non-strict torch.export traces forward (a tensor subclass such as DTensor stays its own type there);
+# until 2026-12-05 the layers took it for a subclass, so the exported program held the host's unfused ops.
+_WEIGHT_PLAIN = (*_PLAIN, _FakeTensor) if _FakeTensor is not None else _PLAIN
+
 # transformers activation classes by behaviour (matched by name: the kernel may not import
 # transformers). All tanh-form GELUs are the same function: 0.5x(1+tanh(sqrt(2/pi)(x+0.044715x^3))).
 _TANH_GELU_CLASSES = {"GELUTanh", "PytorchGELUTanh", "GELUPytorchTanh", "NewGELUActivation", "FastGELUActivation"}
@@ -112,7 +121,7 @@ def _projection_operands(module: nn.Module, x: torch.Tensor, names: tuple[str, .
             weight, bias = params.get("weight"), params.get("bias", _MISSING)
             if bias is _MISSING:  # moved out of the parameters by someone: not plain
                 return None
-        if type(weight) not in _PLAIN or weight.device != device:
+        if type(weight) not in _WEIGHT_PLAIN or weight.device != device:
             return None
         if weight.dtype != dtype if cast is None else (
                 weight.dtype not in FLOAT_DTYPES or (bias is not None and bias.dtype not in FLOAT_DTYPES)):
@@ -337,7 +346,7 @@ class LinearBias(nn.Module):
                 # A bias moved out of the parameters (a plain tensor attribute now) is still the host's
                 # bias: the host's F.linear reads it, so the layer leaves the call to F.linear too.
                 weight, bias = params.get("weight"), params.get("bias", _MISSING)
-            if (type(weight) in _PLAIN and bias is not _MISSING and input.device == weight.device
+            if (type(weight) in _WEIGHT_PLAIN and bias is not _MISSING and input.device == weight.device
                     and input.dtype in FLOAT_DTYPES):
                 if input.dtype == weight.dtype and not _autocast.enabled(input.device):
                     return linear(input, weight, bias)
