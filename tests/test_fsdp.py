@@ -14,6 +14,9 @@ fully_shard over tensor-parallel weights: transformers' native loading (``Distri
 tp_size=2)``, four ranks) runs the fused tensor-parallel MLP on each rank's gathered shards; torch's
 ``parallelize_module`` (forward hooks on the projections) is refused and trains on the host's path.
 
+DistributedDataParallel, kernelized before or after wrapping, in the same two-rank processes: fused in every
+step, within twice the error of DDP without the kernel (first run 2026-12-05; nothing needed changing).
+
 The cases of one world size share one set of processes (process start-up is most of the cost on two cores).
 """
 
@@ -121,7 +124,7 @@ def _train(model, ids, steps: int = STEPS, compiled: bool = False):
             nodes.append(_fused_nodes(loss))
             loss.backward()
         losses.append(loss.detach())  # float32 (also under the bf16 policy: logits are upcast), the reference float64
-        mlp = model.model.layers[0].mlp
+        mlp = getattr(model, "module", model).model.layers[0].mlp  # DistributedDataParallel wraps the model
         grads.append([(p.grad.full_tensor() if isinstance(p.grad, DTensor) else p.grad).detach().clone()
                       for p in (mlp.gate_proj.weight, mlp.up_proj.weight, mlp.down_proj.weight)])
         opt.step()
@@ -174,6 +177,28 @@ def _worker(rank: int, world: int, port: int, result_dir: str) -> None:
                 for proj, got, want, eager in zip(("gate", "up", "down"), grads[step], ref_grads[step],
                                                   eager_grads[step]):
                     _numerics.assert_close(as32(got), want, as32(eager), what=f"{name} step {step} {proj}_proj gradient")
+
+        # DistributedDataParallel (its gradient all-reduce runs in autograd hooks on the parameters, which the
+        # kernel's nodes feed like any other): kernelized before or after wrapping, it trains fused and within
+        # twice the error of DDP without the kernel.
+        from torch.nn.parallel import DistributedDataParallel
+
+        for before in (True, False):
+            name = f"ddp, kernelize {'before' if before else 'after'} wrapping"
+            model = _gemma(0)
+            report = kernelize(model, mode=Mode.TRAINING, device="cpu", source="hub") if before else None
+            model = DistributedDataParallel(model)
+            if not before:
+                report = kernelize(model, mode=Mode.TRAINING, device="cpu", source="hub")
+            assert report.replaced_count == 2 and not report.refused, f"{name}: {report}"
+            losses, nodes, grads = _train(model, ids)
+            assert nodes == [2] * STEPS, f"{name}: fused MLP nodes per step {nodes} (2 layers)"
+            eager_losses, eager_nodes, eager_grads = _train(DistributedDataParallel(_gemma(0)), ids)
+            assert eager_nodes == [0] * STEPS
+            _numerics.assert_close(losses, ref_losses, eager_losses, what=f"{name} losses")
+            for step in range(STEPS):
+                for proj, got, want, eager in zip(("gate", "up", "down"), grads[step], ref_grads[step], eager_grads[step]):
+                    _numerics.assert_close(got, want, eager, what=f"{name} step {step} {proj}_proj gradient")
 
         # fully_shard over weights torch's parallelize_module made tensor-parallel: its forward hooks on the
         # projections (which the layer would skip) refuse the MLP; the host's path trains as eager.
