@@ -1109,3 +1109,17 @@ def test_autocast_casts_each_float32_parameter_once_per_region_as_f_linear(kerne
         y = ours(xs[1])
     y.float().sum().backward()
     assert all(p.grad is not None and p.grad.dtype == torch.float32 for p in params)
+
+
+def test_autocast_state_survives_an_error_inside(kernel, device):
+    """The autocast paths switch autocast off around the fused call and back on (eagerly, by the flag
+    itself): an error raised inside (a bad shape here) must leave autocast as it was."""
+    params = _params(24, 40, torch.float32, device, biases=False)[:3]
+    with torch.autocast(device, dtype=torch.bfloat16):
+        with pytest.raises(ValueError):
+            kernel.geglu_mlp(randn(3, 23, device=device), *params)
+        with pytest.raises(ValueError):
+            kernel.linear(randn(3, 23, device=device), params[0])
+        assert torch.is_autocast_enabled(device) and torch.get_autocast_dtype(device) == torch.bfloat16
+        assert kernel.geglu_mlp(randn(3, 24, device=device), *params).dtype == torch.bfloat16
+    assert not torch.is_autocast_enabled(device)
