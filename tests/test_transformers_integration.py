@@ -605,3 +605,28 @@ def test_torch_export_keeps_the_fused_ops(family, strict, device, kernel):
         assert len(fused) == count, (fused, [str(n.target) for n in program.graph.nodes if n.op == "call_function"])
         _assert_close(f"{family} exported", program.module()(**inputs), _Logits(eager)(**inputs),
                       _Logits(ref)(**_inputs(kind, device, torch.float64)), torch.float32)
+
+
+@pytest.mark.parametrize("strict", [False, True], ids=["nonstrict", "strict"])
+def test_torch_export_with_dynamic_tokens_runs_other_sizes(strict, device, kernel):
+    """Exported with a dynamic batch and sequence length, the program keeps the kernel's op and computes
+    other sizes than the traced one as eager does (the traced planned op needs a fixed M; the program
+    calls the general one)."""
+    model, kind, cls_name, count = _build("gemma", device)
+    eager, ref = copy.deepcopy(model), copy.deepcopy(model).double()
+    fgt.kernelize(model, source="hub")
+    batch, seq = torch.export.Dim("batch", min=1, max=8), torch.export.Dim("seq", min=2, max=32)
+    class Tokens(_Logits):
+        def forward(self, input_ids):
+            return super().forward(input_ids=input_ids)
+
+    ids = _inputs(kind, device, torch.float32)["input_ids"]
+    with torch.no_grad():
+        program = torch.export.export(Tokens(model), (ids,), strict=strict,
+                                      dynamic_shapes={"input_ids": {0: batch, 1: seq}})
+        fused = [n for n in program.graph.nodes if n.op == "call_function" and kernel.OPS_ID in str(n.target)]
+        assert len(fused) == count, [str(n.target) for n in program.graph.nodes if n.op == "call_function"]
+        for b, s in ((1, 5), (3, 17)):
+            ids = torch.randint(0, 128, (b, s), generator=torch.Generator().manual_seed(s)).to(device)
+            _assert_close(f"exported, {b}x{s} tokens", program.module()(ids), _Logits(eager)(input_ids=ids),
+                          _Logits(ref)(input_ids=ids), torch.float32)
