@@ -384,7 +384,7 @@ def _cpu_flags() -> set[str]:
 
 
 @pytest.mark.parametrize("isa", ["baseline", "avx2", "avx512", "sse4"])
-def test_cpu_kernel_code_paths_round_once(kernel, device, repo_root, isa):
+def test_cpu_kernel_code_paths_round_once(kernel, device, compiled, repo_root, isa):
     """Each code path of the CPU kernels ($FUSED_GEGLU_CPU_ISA forces one; it is read once per process,
     so each runs in a process of its own): the rounding and exact-GELU tail tests above, on the SSE2
     baseline, the AVX2+FMA clone and the AVX-512 clone. A machine runs only the fastest it has otherwise.
@@ -396,8 +396,6 @@ def test_cpu_kernel_code_paths_round_once(kernel, device, repo_root, isa):
             "sse4": set()}[isa]
     if device != "cpu" or not need <= _cpu_flags():
         pytest.skip(f"{isa}: a CPU test on a CPU with {sorted(need)}")
-    if "cpu" not in kernel.available_backends("cpu"):
-        pytest.skip(f"the loaded variant ({kernel.__name__}) has no compiled CPU kernels")
     env = {**os.environ, "FUSED_GEGLU_CPU_ISA": isa}
     proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-o", "addopts=",
                            "tests/test_geglu.py", "-k",
