@@ -50,6 +50,50 @@ def test_fullgraph_dynamic_no_recompile(kernel, device):
     assert counter.graphs == 1, f"recompiled: {counter.graphs} graphs for 3 token counts"
 
 
+# The kernel's memo tables, filled by eager calls as they pick (name: module). A compiled graph must not
+# guard on them: an eager call between two compiled ones (an eager eval, then compiled training) would
+# otherwise recompile. Until 2026-12-05 the tanh-GELU short path of ``linear`` read ``_LT_GELU_TANH``
+# before asking whether dynamo traced it; only CUDA eager calls fill that set, so the test above, which
+# interleaves eager calls, failed on the GPU alone (H100, 222b46f) and never on the CPU.
+_MEMOS = {"_picks": ("geglu", "linear"), "_ATEN_PLAIN": ("linear",), "_LT_GELU_TANH": ("linear",),
+          "_infer_plans": ("mlp",), "_decisions": ("policy",), "_last": ("_dispatch",)}
+
+
+def test_memo_tables_filled_by_eager_calls_do_not_recompile(kernel, device):
+    """Every memo table gains an entry between two compiled calls (as an eager call on another device
+    would add one): still one graph, for every public op of the test above, plain and tanh-GELU ``linear``."""
+    torch._dynamo.reset()
+    counter = _CountingBackend()
+    mlp = _mlp_fn(kernel)
+
+    def fn(x, wg, wu, wd, b):
+        return mlp(x, wg, wu, wd, b) + kernel.linear(x, wg, None).sum() + kernel.linear(x, wu, None, "gelu_tanh").sum()
+
+    compiled = torch.compile(fn, backend=counter, fullgraph=True, dynamic=True)
+    h, i = 16, 32
+    wg, wu = randn(i, h, device=device), randn(i, h, device=device)
+    wd, b = randn(h, i, device=device), randn(3, device=device)
+    compiled(randn(5, h, device=device), wg, wu, wd, b)
+    sentinel, added = torch.device("cuda", 97), []
+    for name, modules in _MEMOS.items():
+        for mod in modules:
+            table = getattr(importlib.import_module(f"{kernel.__name__}.{mod}"), name)
+            if isinstance(table, set):
+                table.add(sentinel)
+            else:
+                table[sentinel] = "torch"
+            added.append(table)
+    try:
+        for m in (9, 17):
+            x = randn(m, h, device=device)
+            torch.testing.assert_close(compiled(x, wg, wu, wd, b), fn(x, wg, wu, wd, b), rtol=1e-5, atol=1e-5)
+    finally:
+        for table in added:
+            table.discard(sentinel) if isinstance(table, set) else table.pop(sentinel, None)
+    assert len(added) == 7
+    assert counter.graphs == 1, f"recompiled: {counter.graphs} graphs after the memo tables changed"
+
+
 def test_linear_sequence_first_and_addend_compile_without_breaks(kernel, device):
     """``linear`` on a sequence-first x (a [S, B, K] tensor seen as [B, S, K]) and with an addend of the
     output's shape: one graph for three sequence lengths, the eager function's values and gradients."""

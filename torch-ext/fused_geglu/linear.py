@@ -322,8 +322,10 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
         if amp and _autocast.castable(x, weight, bias):
             return _autocast.without(x.device, linear, *_autocast.cast(amp, x, weight, bias),
                                      activation=activation, backend=backend)
-    if (activation == "gelu_tanh" and backend is None and type(x) in _PLAIN and x.device in _LT_GELU_TANH
-            and not torch.compiler.is_compiling()):
+    # is_compiling() first: dynamo would otherwise guard on the set's contents, and the first eager
+    # CUDA call that fills it would recompile every graph traced before (tests/test_compile.py).
+    if (not torch.compiler.is_compiling() and activation == "gelu_tanh" and backend is None
+            and type(x) in _PLAIN and x.device in _LT_GELU_TANH):
         out = _lt_gelu_tanh_call(x, weight, bias)
         if out is not None:
             return out
