@@ -321,7 +321,7 @@ def test_traced_ops_switch_keeps_the_custom_ops(kernel, device, compiled, monkey
 
 
 def test_traced_ops_default_devices(kernel, device, compiled):
-    """$FUSED_GEGLU_TRACED_OPS: unset, the traced route is CPU's only (CUDA's awaits a GPU run); '1'
+    """$FUSED_GEGLU_TRACED_OPS: unset, the traced route is CPU's only (on CUDA it showed no end-to-end gain); '1'
     every device, '0' none; anything else is refused, naming the variable. A device outside the set
     (CUDA by default) gets the custom ops in its graphs."""
     traced = importlib.import_module(kernel.__name__ + ".mlp_traced")
