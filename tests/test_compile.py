@@ -94,6 +94,28 @@ def test_memo_tables_filled_by_eager_calls_do_not_recompile(kernel, device):
     assert counter.graphs == 1, f"recompiled: {counter.graphs} graphs after the memo tables changed"
 
 
+def test_setting_an_environment_variable_does_not_recompile(kernel, device, monkeypatch):
+    """A variable set between two compiled calls (a launcher's, a logging library's) leaves the graph alone.
+    Until 2026-12-05 dynamo guarded on the length and keys of os.environ's store, which the dispatch reads
+    directly in eager calls: every graph holding a kernel op recompiled, up to dynamo's recompile limit."""
+    torch._dynamo.reset()
+    counter = _CountingBackend()
+    h, i = 16, 32
+    wg, wu, wd = randn(i, h, device=device), randn(i, h, device=device), randn(h, i, device=device)
+
+    def fn(x):
+        y = kernel.geglu_mlp(x, wg, wu, wd)
+        return kernel.linear(y, wg, None).sum() + kernel.linear(y, wu, None, "gelu_tanh").sum() + kernel.geglu(x, x).sum()
+
+    compiled = torch.compile(fn, backend=counter, fullgraph=True, dynamic=True)
+    compiled(randn(5, h, device=device))
+    for n, m in enumerate((9, 17)):
+        monkeypatch.setenv(f"FUSED_GEGLU_TEST_UNRELATED_{n}", "1")
+        x = randn(m, h, device=device)
+        torch.testing.assert_close(compiled(x), fn(x), rtol=1e-5, atol=1e-5)
+    assert counter.graphs == 1, f"recompiled: {counter.graphs} graphs after setting environment variables"
+
+
 def test_linear_sequence_first_and_addend_compile_without_breaks(kernel, device):
     """``linear`` on a sequence-first x (a [S, B, K] tensor seen as [B, S, K]) and with an addend of the
     output's shape: one graph for three sequence lengths, the eager function's values and gradients."""

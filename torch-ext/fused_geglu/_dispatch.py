@@ -113,7 +113,10 @@ _REQUESTABLE = frozenset((*BACKENDS, "auto"))
 # The names the per-call paths read are encoded once, here. env() never writes to this dict: dynamo
 # traces it inside a compiled caller, and a dict that grew after the first trace failed that trace's
 # guard, one recompile of every compiled function that was the process's first reader (found at
-# c8a298a by test_fullgraph_dynamic_no_recompile run on its own).
+# c8a298a by test_fullgraph_dynamic_no_recompile run on its own). For the same reason dynamo is not
+# shown this dict at all: it guarded on its length and keys, so setting any environment variable
+# (a library's, a launcher's) between two calls recompiled every graph holding a kernel op, up to
+# the recompile limit. Traced code reads os.environ, which dynamo reads once, when it traces.
 _ENV_STORE = getattr(os.environ, "_data", None) if os.name == "posix" else None
 # The variables that can change an auto pick, read per call: the backend, cuBLASLt for every linear,
 # and the sm90 MLP launch (policy.sm90_mlp_launch).
@@ -125,9 +128,10 @@ _OVERRIDE_KEYS = tuple(_ENV_KEYS.values())
 
 
 def env(name: str) -> str | None:
-    """``os.environ.get(name)``, read on every call (a variable set at run time takes effect)."""
+    """``os.environ.get(name)``, read on every eager call (a variable set at run time takes effect);
+    a compiled graph reads it when traced (``torch._dynamo.reset()`` to trace again after a change)."""
     key = _ENV_KEYS.get(name)
-    if key is None:  # another name, or not posix: the plain read
+    if key is None or torch.compiler.is_compiling():  # another name, not posix, or traced: the plain read
         return os.environ.get(name)
     value = _ENV_STORE.get(key)
     return None if value is None else os.environ.decodevalue(value)
@@ -137,7 +141,7 @@ def overridden() -> bool:
     """Whether a variable that can change an auto pick is set, whatever its value
     (``$FUSED_GEGLU_BACKEND``, ``$FUSED_GEGLU_CUBLASLT``, ``$FUSED_GEGLU_SM90_MLP``): the short paths
     that skip the pick run only while none is."""
-    if _ENV_STORE is None:
+    if _ENV_STORE is None or torch.compiler.is_compiling():
         return any(name in os.environ for name in _OVERRIDES)
     k = _OVERRIDE_KEYS
     return k[0] in _ENV_STORE or k[1] in _ENV_STORE or k[2] in _ENV_STORE
