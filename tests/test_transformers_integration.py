@@ -611,8 +611,12 @@ def test_torch_export_keeps_the_fused_ops(family, strict, device, kernel):
 def test_torch_export_with_dynamic_tokens_runs_other_sizes(strict, device, kernel):
     """Exported with a dynamic batch and sequence length, the program keeps the kernel's op and computes
     other sizes than the traced one as eager does (the traced planned op needs a fixed M; the program
-    calls the general one)."""
+    calls the general one). Eager attention: on CUDA tensors SDPA's meta function guards on the sequence
+    length rounded up to a multiple of 8, which export cannot prove for every ``seq`` and refuses
+    (Constraints violated (seq), H200 d09c417, the unkernelized model alike); the kernel's op is what
+    this test is about."""
     model, kind, cls_name, count = _build("gemma", device)
+    model.set_attn_implementation("eager")
     eager, ref = copy.deepcopy(model), copy.deepcopy(model).double()
     fgt.kernelize(model, source="hub")
     batch, seq = torch.export.Dim("batch", min=1, max=8), torch.export.Dim("seq", min=2, max=32)
