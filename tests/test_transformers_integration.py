@@ -613,8 +613,8 @@ def test_torch_export_with_dynamic_tokens_runs_other_sizes(strict, device, kerne
     other sizes than the traced one as eager does (the traced planned op needs a fixed M; the program
     calls the general one). Eager attention: on CUDA tensors SDPA's meta function guards on the sequence
     length rounded up to a multiple of 8, which export cannot prove for every ``seq`` and refuses
-    (Constraints violated (seq), H200 d09c417, the unkernelized model alike); the kernel's op is what
-    this test is about."""
+    (Constraints violated (seq), H200 d09c417; the guard is added in transformers' attention, which
+    kernelize leaves alone); the kernel's op is what this test is about."""
     model, kind, cls_name, count = _build("gemma", device)
     model.set_attn_implementation("eager")
     eager, ref = copy.deepcopy(model), copy.deepcopy(model).double()
