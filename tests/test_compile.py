@@ -10,6 +10,7 @@ import textwrap
 
 import pytest
 import torch
+import torch.nn.functional as F
 from _numerics import randn
 from conftest import REPO_ID, VERSION
 
@@ -114,6 +115,48 @@ def test_setting_an_environment_variable_does_not_recompile(kernel, device, monk
         x = randn(m, h, device=device)
         torch.testing.assert_close(compiled(x), fn(x), rtol=1e-5, atol=1e-5)
     assert counter.graphs == 1, f"recompiled: {counter.graphs} graphs after setting environment variables"
+
+
+def test_backward_inside_a_compiled_step_with_checkpointing(kernel, device):
+    """``loss.backward()`` inside a compiled step (it graph-breaks there, so the engine runs the backward
+    while dynamo's frame callback is set), the ops under non-reentrant activation checkpointing: gradients
+    as the eager step's, and as many graphs as the same step of ATen ops. Until 2026-12-05 dynamo compiled
+    the kernel's Python backwards as frames of their own and, building a guard on ``ctx.saved_tensors``,
+    unpacked them twice: CheckpointError (transformers' Gemma with gradient checkpointing, inductor)."""
+    from torch.utils.checkpoint import checkpoint
+
+    h, i = 16, 32
+    leaves = [randn(*s, device=device, scale=0.3, requires_grad=True) for s in ((i, h), (i, h), (h, i), (h, h))]
+
+    def ours(x, wg, wu, wd, w):
+        y = kernel.geglu_mlp(x, wg, wu, wd, approximate="tanh")
+        return kernel.geglu(kernel.linear(y, w, None, "gelu_tanh"), y)
+
+    def aten(x, wg, wu, wd, w):
+        y = F.linear(F.gelu(F.linear(x, wg), approximate="tanh") * F.linear(x, wu), wd)
+        return F.gelu(F.gelu(F.linear(y, w), approximate="tanh")) * y
+
+    def step_of(body):
+        def step(x):
+            y = checkpoint(body, x, *leaves, use_reentrant=False)
+            y.square().sum().backward()
+            return y.detach()
+        return step
+
+    xs = [randn(m, h, device=device) for m in (5, 5, 9)]
+    graphs, grads = {}, {}
+    for name, body in (("ours", ours), ("aten", aten), ("eager", ours)):
+        torch._dynamo.reset()
+        counter = _CountingBackend()
+        step = step_of(body) if name == "eager" else torch.compile(step_of(body), backend=counter)
+        for p in leaves:
+            p.grad = None
+        for x in xs:
+            step(x.clone().requires_grad_(True))
+        graphs[name], grads[name] = counter.graphs, [p.grad.clone() for p in leaves]
+    for got, want in zip(grads["ours"], grads["eager"]):
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    assert graphs["ours"] == graphs["aten"], graphs
 
 
 def test_linear_sequence_first_and_addend_compile_without_breaks(kernel, device):

@@ -64,6 +64,17 @@ def _tracing(args) -> bool:
     return False
 
 
+def backward_outside_dynamo(backward: Callable) -> Callable:
+    """``backward`` with dynamo kept out of it. The autograd engine calls a Python backward as a frame of
+    its own, and when ``loss.backward()`` runs inside a compiled function (a whole training step compiled,
+    graph-breaking at the backward call) dynamo's frame callback is still set: it compiled each of these
+    backwards as a function, guarded on ``ctx.saved_tensors`` (one more compile per saved size), and under
+    non-reentrant activation checkpointing reading them for that guard raised "Unpack is being triggered
+    for a tensor that was already unpacked once" (transformers' Gemma with gradient checkpointing, inductor,
+    2026-12-05). Tracers other than dynamo (AOTAutograd's, make_fx) still trace through it."""
+    return torch.compiler.disable(backward, recursive=True)
+
+
 class DualOp:
     def __init__(self, name: str, impl: Callable, mutates_args=()):
         self.name = name
@@ -80,6 +91,7 @@ class DualOp:
         eager path the caller gets empty placeholders for them and ``ctx.private_saved`` is True
         (already during ``setup_context``), so ``backward`` knows no one else holds those tensors
         and may reuse or free their memory."""
+        backward = backward_outside_dynamo(backward)
         self.op.register_autograd(backward, setup_context=setup_context)
         impl = self.impl
         private = frozenset(private_outputs)
@@ -110,7 +122,8 @@ class DualOp:
         # until 2026-12-05, which graph readers, and tests that count fused nodes, could not tell apart).
         cls_name = "Fused" + "".join(part.capitalize() for part in name.split("_"))
         self._function = type(cls_name, (torch.autograd.Function,),
-                              {"forward": staticmethod(forward), "backward": staticmethod(checked_backward)})
+                              {"forward": staticmethod(forward),
+                               "backward": staticmethod(backward_outside_dynamo(checked_backward))})
 
     def __call__(self, *args):
         if _tracing(args):

@@ -29,6 +29,7 @@ import torch
 
 from . import _dispatch, sm90_weights
 from . import mlp as _mlp  # imported by mlp after its own definitions: the launch rules are there
+from ._opdef import backward_outside_dynamo
 from ._ops import add_op_namespace_prefix, ops
 
 
@@ -148,7 +149,7 @@ def _register_fakes_and_autograd() -> None:
         return (dx.view(x.shape), dwg, dwu, dwd, dbg if bg else None, dbu if bu else None, dbd if bd else None,
                 None, None, None, None)
 
-    torch.library.register_autograd(fwd, backward, setup_context=setup_context)
+    torch.library.register_autograd(fwd, backward_outside_dynamo(backward), setup_context=setup_context)
 
 
 _register_fakes_and_autograd()
