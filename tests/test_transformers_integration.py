@@ -528,6 +528,33 @@ def test_compile_fullgraph(device, kernel):
     torch._dynamo.reset()
 
 
+def test_compiled_mlp_does_not_guard_on_training_where_the_host_has_no_dropout(device, kernel):
+    """An MLP module compiled on its own (regional compilation), train/eval toggled between calls: one graph,
+    as for the host module, whose forward never reads ``training``. Until 2026-12-05 the layer read
+    ``self.training`` before asking whether the host has a dropout at all: a recompile per mode."""
+    model, kind, cls_name, count = _build("gemma", device)
+    fgt.kernelize(model, mode=Mode.INFERENCE | Mode.TORCH_COMPILE)
+    mlp = _kernel_modules(model, cls_name)[0]
+    x = torch.randn(2, 8, model.config.hidden_size, device=device)
+    torch._dynamo.reset()
+    graphs = []
+
+    def backend(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    compiled = torch.compile(mlp, backend=backend, fullgraph=True)
+    with torch.no_grad():
+        for _ in range(2):
+            mlp.eval()
+            compiled(x)
+            mlp.train()
+            compiled(x)
+    assert _kernel_modules(model, cls_name)[0].forward.__func__.__module__ == kernel.layers.__name__
+    assert len(graphs) == 1, f"{len(graphs)} graphs for train/eval toggles"
+    torch._dynamo.reset()
+
+
 # --- transformers' own KernelConfig route -------------------------------------------------------------
 
 _KC_REASON = fgt.kernel_config_support()

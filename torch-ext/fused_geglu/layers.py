@@ -245,8 +245,10 @@ class GeGLUMLP(nn.Module):
         # T5Gemma: dropout between act*up and down, which only training applies (and its hooks fire always).
         dropout = _host_attr(self, "dropout")
         cast = _autocast.target(x.device)
+        # The dropout's p before self.training: a graph of a host without dropout (Gemma) then does not
+        # guard on training, which the host's own forward never reads (a train/eval toggle recompiled it).
         if approx is not None and cast is not False and not sparsity and not _hooked(dropout) and not (
-                self.training and getattr(dropout, "p", 0.0) > 0):
+                getattr(dropout, "p", 0.0) > 0 and self.training):
             operands = _projection_operands(self, x, ("gate_proj", "up_proj", "down_proj"), cast)
             if operands is not None:
                 w_gate, b_gate, w_up, b_up, w_down, b_down = operands
