@@ -91,8 +91,7 @@ class DualOp:
         eager path the caller gets empty placeholders for them and ``ctx.private_saved`` is True
         (already during ``setup_context``), so ``backward`` knows no one else holds those tensors
         and may reuse or free their memory."""
-        backward = backward_outside_dynamo(backward)
-        self.op.register_autograd(backward, setup_context=setup_context)
+        self.op.register_autograd(backward_outside_dynamo(backward), setup_context=setup_context)
         impl = self.impl
         private = frozenset(private_outputs)
 
