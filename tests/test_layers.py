@@ -28,12 +28,31 @@ class _HostMLP(nn.Module):
         return self.down_proj(self.act_fn(self.gate_proj(x)) * self.up_proj(x))
 
 
-@pytest.mark.parametrize("name", ["GeGLUMLP", "T5GeGLUDense", "LinearBias", "GeluAndMul", "GeluTanhAndMul"])
+class _PackedHost(nn.Module):
+    """ModernBERT's MLP as transformers writes it: one packed ``Wi``, GELU on the first half."""
+
+    calls = 0
+
+    def __init__(self, h, i, act, bias=False, p=0.0):
+        super().__init__()
+        self.Wi = nn.Linear(h, 2 * i, bias=bias)
+        self.act = act
+        self.drop = nn.Dropout(p)
+        self.Wo = nn.Linear(i, h, bias=bias)
+
+    def forward(self, hidden_states):
+        _PackedHost.calls += 1
+        input, gate = self.Wi(hidden_states).chunk(2, dim=-1)
+        return self.Wo(self.drop(self.act(input) * gate))
+
+
+@pytest.mark.parametrize("name", ["GeGLUMLP", "T5GeGLUDense", "PackedGeGLUMLP", "LinearBias", "GeluAndMul",
+                                  "GeluTanhAndMul"])
 def test_layers_pass_kernels_validation(kernel, name):
     from kernels.layer.layer import _validate_layer
 
     cls = getattr(kernel.layers, name)
-    host = {"GeGLUMLP": _HostMLP, "LinearBias": nn.Linear}.get(name)
+    host = {"GeGLUMLP": _HostMLP, "PackedGeGLUMLP": _PackedHost, "LinearBias": nn.Linear}.get(name)
     if host is None:
         class host(nn.Module):  # noqa: N801 - same arity as the layer's forward
             def forward(self, x):
@@ -286,7 +305,7 @@ def test_t5_layer_reads_a_parametrized_wo_as_often_as_its_host(kernel, device, h
 
 
 @pytest.mark.parametrize("amp_dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
-@pytest.mark.parametrize("case", ["gemma-tanh", "gemma-exact-bias", "t5", "t5-dropout"])
+@pytest.mark.parametrize("case", ["gemma-tanh", "gemma-exact-bias", "t5", "t5-dropout", "packed-bias", "packed-dropout"])
 def test_layers_run_fused_under_autocast(kernel, device, amp_dtype, case):
     """A float32 model under torch.autocast (Trainer's bf16=True): the host's projections run autocast's
     linear (every operand cast to the autocast dtype), and so does the layer, fused: the output in the
@@ -298,6 +317,11 @@ def test_layers_run_fused_under_autocast(kernel, device, amp_dtype, case):
         approx = "tanh" if case == "gemma-tanh" else "none"
         host = _HostMLP(h, i, nn.GELU(approximate=approx), bias=case.endswith("bias")).to(device)
         names, op, layer = ("gate_proj", "up_proj", "down_proj"), "geglu_mlp", kernel.layers.GeGLUMLP
+    elif case.startswith("packed"):
+        approx = "none"
+        host = _PackedHost(h, i, nn.GELU(), bias=True, p=0.25 if case == "packed-dropout" else 0.0).to(device)
+        names, layer = ("Wi", "Wo"), kernel.layers.PackedGeGLUMLP
+        op = "gelu_and_mul" if case == "packed-dropout" else "geglu_mlp"  # dropout: host's Wi + fused GeGLU
     else:
         approx = "tanh"
         host = _T5Like()
@@ -335,6 +359,11 @@ def test_layers_run_fused_under_autocast(kernel, device, amp_dtype, case):
         ref = kernel.reference.geglu_mlp_ref(x64, w["gate_proj.weight"], w["up_proj.weight"], w["down_proj.weight"],
                                              w.get("gate_proj.bias"), w.get("up_proj.bias"), w.get("down_proj.bias"),
                                              approx)
+    elif case.startswith("packed"):
+        torch.manual_seed(1)
+        a, b = (x64 @ w["Wi.weight"].t() + w["Wi.bias"]).chunk(2, dim=-1)
+        hid = nn.functional.dropout(kernel.reference.gelu(a, approx) * b, host.drop.p, training=True)
+        ref = hid @ w["Wo.weight"].t() + w["Wo.bias"]
     else:
         torch.manual_seed(1)
         hid = kernel.reference.gelu(x64 @ w["wi_0.weight"].t(), approx) * (x64 @ w["wi_1.weight"].t())
@@ -343,3 +372,143 @@ def test_layers_run_fused_under_autocast(kernel, device, amp_dtype, case):
     assert_close(got, ref, expected, f"{case} output")
     for k, (g, r, e) in enumerate(zip(grads, ref_grads, eager_grads)):
         assert_close(g, r, e, f"{case} gradient {k}")
+
+
+# --- the packed (ModernBERT) MLP ----------------------------------------------------------------------
+
+def _packed_ref(host, x64, approx):
+    """float64 reference of a packed host with dropout off, and its parameters (leaves) in float64."""
+    params = {n: p.detach().double().requires_grad_() for n, p in host.named_parameters()}
+    a, b = (x64 @ params["Wi.weight"].t() + params.get("Wi.bias", 0)).chunk(2, dim=-1)
+    y = (nn.functional.gelu(a, approximate=approx) * b) @ params["Wo.weight"].t() + params.get("Wo.bias", 0)
+    return y, params
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16], ids=["fp32", "fp16", "bf16"])
+@pytest.mark.parametrize("case", ["exact", "tanh-bias", "odd-sizes-2d", "strided-x"])
+def test_packed_mlp_layer_matches_host(kernel, device, dtype, case):
+    """ModernBERT's MLP (``Wi`` packed to 2I, GELU on its first half) through ``PackedGeGLUMLP``: the fused
+    MLP runs (not the host's forward) on views of ``Wi``'s weight, the output and every gradient (``Wi``'s
+    one [2I, H] gradient included) within twice the host's own error against float64."""
+    if dtype == torch.float16 and device == "cpu" and "cpu" not in kernel.available_backends("cpu"):
+        pytest.skip("fp16 on CPU tensors needs the compiled CPU backend")
+    torch.manual_seed(0)
+    h, i = (40, 72) if case == "odd-sizes-2d" else (48, 96)
+    approx = "tanh" if case.startswith("tanh") else "none"
+    host = _PackedHost(h, i, nn.GELU(approximate=approx), bias=case.endswith("bias")).to(device, dtype)
+    shape = (13, h) if case == "odd-sizes-2d" else (3, 7, h)
+    x = randn(*shape, device=device, dtype=dtype)
+    if case == "strided-x":  # every other element of a wider buffer (a view a caller may pass)
+        x = randn(*shape[:-1], 2 * h, device=device, dtype=dtype)[..., ::2]
+    x.requires_grad_()
+    layer = kernel.layers.PackedGeGLUMLP
+    importlib.import_module(f"{kernel.__name__}._dispatch")._last.pop("geglu_mlp", None)
+    _PackedHost.calls = 0
+    got = MethodType(layer.forward, host)(x)
+    assert _PackedHost.calls == 0 and kernel.last_backend("geglu_mlp") is not None, "the fused MLP did not run"
+    twin = copy.deepcopy(host)
+    x_twin = x.detach().clone().requires_grad_()
+    expected = twin(x_twin)
+    x64 = x.detach().double().requires_grad_()
+    ref, p64 = _packed_ref(host, x64, approx)
+    assert got.dtype == dtype and got.shape == expected.shape
+    assert_close(got, ref, expected, f"packed {case} output")
+    dy = randn(*got.shape, device=device, dtype=dtype)
+    names = list(p64)
+    ours = torch.autograd.grad(got, [x, *(dict(host.named_parameters())[n] for n in names)], dy)
+    eager = torch.autograd.grad(expected, [x_twin, *(dict(twin.named_parameters())[n] for n in names)], dy)
+    refs = torch.autograd.grad(ref, [x64, *p64.values()], dy.double())
+    for name, o, r, e in zip(["x", *names], ours, refs, eager):
+        assert o.shape == r.shape, name
+        assert_close(o, r, e, f"packed {case} grad {name}")
+
+
+_PACKED_DEFER_CASES = ["silu", "odd-width", "hooked-act", "hooked-drop", "hooked-wo", "wi-subclass", "float64",
+                       "width-mismatch"]
+
+
+@pytest.mark.parametrize("case", _PACKED_DEFER_CASES)
+def test_packed_mlp_layer_defers_to_the_host_where_it_cannot_fuse(kernel, device, case):
+    """Wherever the fused MLP would compute something else, the layer runs the host's own forward: the same
+    values, the same exception, the host's hooks fired."""
+    h, i = 16, 32
+    host = _PackedHost(h, i, nn.SiLU() if case == "silu" else nn.GELU(), bias=True).to(device)
+    x = randn(4, h, device=device)
+    if case == "odd-width":  # the host's chunk gives halves of 17 and 16 columns: its product fails
+        host.Wi = nn.Linear(h, 33).to(device)
+    if case == "width-mismatch":  # Wo takes another width than Wi's halves: the host fails too
+        host.Wo = nn.Linear(24, h).to(device)
+    if case == "hooked-act":
+        host.act.register_forward_hook(lambda mod, args, out: out * 0.5)
+    if case == "hooked-drop":
+        host.drop.register_forward_hook(lambda mod, args, out: out * 0.5)
+    if case == "hooked-wo":  # e.g. a row-wise tensor-parallel all-reduce
+        host.Wo.register_forward_hook(lambda mod, args, out: out * 2)
+    if case == "wi-subclass":
+        lin = type("Scaled", (nn.Linear,), {"forward": lambda self, t: 2 * nn.Linear.forward(self, t)})(h, 2 * i)
+        host.Wi = lin.to(device)
+    if case == "float64":
+        host.double()
+        x = x.double()
+    layer_forward = MethodType(kernel.layers.PackedGeGLUMLP.forward, host)
+    if case in ("odd-width", "width-mismatch"):
+        with pytest.raises(RuntimeError):
+            host(x)
+        _PackedHost.calls = 0
+        with pytest.raises(RuntimeError):
+            layer_forward(x)
+        assert _PackedHost.calls == 1
+        return
+    expected = host(x)
+    _PackedHost.calls = 0
+    got = layer_forward(x)
+    assert _PackedHost.calls == 1, "the layer must run the host's own forward here"
+    torch.testing.assert_close(got, expected, rtol=0, atol=0)
+
+
+def test_packed_mlp_layer_runs_the_hosts_dropout_in_training(kernel, device):
+    """Dropout active in training: the host's Wi, the fused packed GeGLU, then the host's drop and Wo, so the
+    same RNG draws give the same masks as the host's forward; in eval the whole MLP is fused."""
+    host = _PackedHost(16, 32, nn.GELU(approximate="tanh"), bias=True, p=0.5).to(device).train()
+    x = randn(3, 5, 16, device=device)
+    dispatch = importlib.import_module(f"{kernel.__name__}._dispatch")
+    layer_forward = MethodType(kernel.layers.PackedGeGLUMLP.forward, host)
+    for training, op in ((True, "gelu_and_mul"), (False, "geglu_mlp")):  # gelu_and_mul: the packed GeGLU
+        host.train(training)
+        torch.manual_seed(3)
+        expected = host(x)
+        dispatch._last.pop(op, None)
+        _PackedHost.calls = 0
+        torch.manual_seed(3)
+        got = layer_forward(x)
+        assert _PackedHost.calls == 0 and kernel.last_backend(op) is not None, (training, op)
+        torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("cache", [True, False], ids=["cache", "nocache"])
+def test_packed_mlp_layer_casts_each_parameter_as_often_as_its_host(kernel, device, cache):
+    """Under one autocast region the layer casts ``Wi``'s packed weight (then splits the copy) as often as the
+    host's ``Wi`` is cast: once for the region with autocast's weight cache, once per call without. A cast of
+    the split views would miss the cache (it keeps casts of leaf parameters only) and run every call."""
+    if not kernel._ops.HAS_COMPILED_OPS:
+        pytest.skip("the noarch variant has no compiled autocast_cast op: it casts per call")
+    from _cast_count import CastCounter
+
+    host = _PackedHost(24, 40, nn.GELU(), bias=True).to(device)
+    params = list(host.parameters())
+    xs = [randn(3, 24, device=device) for _ in range(3)]
+
+    def casts(forward):
+        counter = CastCounter(params)
+        with torch.autocast(device, dtype=torch.bfloat16, cache_enabled=cache), counter:
+            ys = [forward(x) for x in xs]
+        return counter.casts, ys
+
+    n_host, ys_host = casts(host)
+    _PackedHost.calls = 0
+    n_ours, ys_ours = casts(MethodType(kernel.layers.PackedGeGLUMLP.forward, host))
+    assert _PackedHost.calls == 0, "the layer ran the host's forward"
+    assert n_host == len(params) * (1 if cache else len(xs))  # the premise: what autocast's cache does
+    assert n_ours == n_host
+    for y, e in zip(ys_ours, ys_host):
+        torch.testing.assert_close(y.float(), e.float(), rtol=0.05, atol=0.05)  # sanity; accuracy: tests above

@@ -76,6 +76,13 @@ def _pixtral():
         image_size=32, patch_size=8))
 
 
+def _modernbert(model_cls="ModernBertForMaskedLM", config_cls="ModernBertConfig", **kw):
+    # ModernBERT: one packed Wi (GELU on its first half), exact GELU; mlp_bias adds biases to Wi and Wo.
+    return lambda: getattr(transformers, model_cls)(getattr(transformers, config_cls)(
+        vocab_size=128, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+        max_position_embeddings=64, pad_token_id=0, **kw))
+
+
 def _causal(model_cls, config_cls, **kw):
     return lambda: getattr(transformers, model_cls)(getattr(transformers, config_cls)(**{**G, **kw}))
 
@@ -99,6 +106,9 @@ MODELS = {
     "umt5": (_seq2seq("UMT5ForConditionalGeneration", "UMT5Config"), "seq2seq", "UMT5DenseGatedActDense", 4),
     "longt5": (_seq2seq("LongT5ForConditionalGeneration", "LongT5Config"), "seq2seq", "LongT5DenseGatedActDense", 4),
     "pixtral": (_pixtral, "vision", "PixtralMLP", 2),
+    "modernbert": (_modernbert(mlp_bias=True), "causal", "ModernBertMLP", 2),
+    "modernbert_decoder": (_modernbert("ModernBertDecoderForCausalLM", "ModernBertDecoderConfig"), "causal",
+                           "ModernBertDecoderMLP", 2),
 }
 
 
@@ -227,7 +237,7 @@ def test_kernel_mapping_covers_every_device_and_mode(build_dir, lockfile):
     kinds = {"hub": LayerRepository, "locked": LockedLayerRepository, "local": LocalLayerRepository}
     for source, repo_cls in kinds.items():
         mapping = fgt.kernel_mapping(source=source, linear_bias=True, **_source_kwargs(source, build_dir, lockfile))
-        assert set(mapping) == {fgt.GEGLU_MLP, fgt.T5_GEGLU_DENSE, fgt.LINEAR_BIAS}
+        assert set(mapping) == {fgt.GEGLU_MLP, fgt.T5_GEGLU_DENSE, fgt.PACKED_GEGLU_MLP, fgt.LINEAR_BIAS}
         for devices in mapping.values():
             assert set(devices) == set(fgt.DEVICES)
             for modes in devices.values():
@@ -270,7 +280,7 @@ def test_sources(source, device, kernel, build_dir, lockfile):
         _assert_kernel_forward(module, kernel, "GeGLUMLP")
 
 
-@pytest.mark.parametrize("family", ["gemma", "recurrent_gemma", "t5", "pixtral"])
+@pytest.mark.parametrize("family", ["gemma", "recurrent_gemma", "t5", "pixtral", "modernbert"])
 def test_bf16_matches_eager(family, device, kernel):
     model, kind, cls_name, count = _build(family, device, torch.bfloat16)
     eager = copy.deepcopy(model)
@@ -315,7 +325,7 @@ def _grads(model, inputs, weight):
     return {n: p.grad for n, p in model.named_parameters() if p.grad is not None}
 
 
-@pytest.mark.parametrize("family", ["gemma", "recurrent_gemma", "t5", "t5gemma", "pixtral"])
+@pytest.mark.parametrize("family", ["gemma", "recurrent_gemma", "t5", "t5gemma", "pixtral", "modernbert"])
 def test_training_gradients_match(family, device, kernel):
     model, kind, cls_name, count = _build(family, device)
     model.train()  # every config here has dropout 0, so train and eval compute the same
@@ -418,6 +428,24 @@ def test_t5_dropout_runs_inside_the_layer(device, kernel):
     torch.testing.assert_close(got, want, **SAME_DTYPE_TOL)
 
 
+def test_modernbert_dropout_runs_inside_the_layer(device, kernel):
+    """ModernBERT with mlp_dropout in training: the layer keeps the kernel and runs the host's drop between
+    the fused GeGLU and Wo, so the same seed gives the same masks and outputs as eager."""
+    torch.manual_seed(0)
+    model = _modernbert(mlp_dropout=0.5)().to(device).train()
+    eager = copy.deepcopy(model)
+    report = fgt.kernelize(model)
+    assert report.count("ModernBertMLP") == 2, report
+    inputs = _inputs("causal", device, torch.float32)
+    torch.manual_seed(3)
+    got = _out(model, inputs)
+    torch.manual_seed(3)
+    want = _out(eager, inputs)
+    torch.testing.assert_close(got, want, **SAME_DTYPE_TOL)
+    got.sum().backward()
+    assert model.model.layers[0].mlp.Wi.weight.grad is not None
+
+
 # --- what must stay untouched ----------------------------------------------------------------------
 
 @pytest.mark.parametrize("family", ["gemma", "t5"])
@@ -462,7 +490,8 @@ def test_gemma3n_activation_sparsity_is_left_untouched(device, kernel):
     lambda: transformers.Gemma2ForCausalLM(transformers.Gemma2Config(**G, hidden_activation="silu")),
     lambda: transformers.T5ForConditionalGeneration(transformers.T5Config(**{**T5, "feed_forward_proj": "gated-silu"})),
     lambda: transformers.LlamaForCausalLM(transformers.LlamaConfig(**G)),
-], ids=["gemma2-silu", "t5-gated-silu", "llama"])
+    _modernbert(hidden_activation="silu", decoder_bias=False),
+], ids=["gemma2-silu", "t5-gated-silu", "llama", "modernbert-silu"])
 def test_silu_models_are_left_untouched(build, device, kernel):
     model = build().to(device).eval()
     report = fgt.kernelize(model, linear_bias=True)
@@ -512,8 +541,9 @@ def test_kernelize_leaves_no_global_state_and_foreign_forwards_alone(device, ker
 
 # --- torch.compile -------------------------------------------------------------------------------------
 
-def test_compile_fullgraph(device, kernel):
-    model, kind, cls_name, count = _build("gemma", device)
+@pytest.mark.parametrize("family", ["gemma", "modernbert"])
+def test_compile_fullgraph(family, device, kernel):
+    model, kind, cls_name, count = _build(family, device)
     eager = copy.deepcopy(model)
     report = fgt.kernelize(model, mode=Mode.INFERENCE | Mode.TORCH_COMPILE)
     assert report.count(cls_name) == count, report

@@ -326,6 +326,56 @@ def _t5_tail(module: nn.Module, h: torch.Tensor) -> torch.Tensor:
     return module.wo(h)
 
 
+class PackedGeGLUMLP(nn.Module):
+    """ModernBERT-style GeGLU MLP with one packed input projection:
+    ``Wo(drop(act(a) * b))`` where ``a, b = Wi(x).chunk(2, dim=-1)`` (biases optional).
+
+    Host attributes: ``Wi`` (``nn.Linear`` to ``2 * I``), ``act`` (a GELU: exact or tanh), ``drop``,
+    ``Wo`` (``nn.Linear`` from ``I``). The GELU takes the first half of ``Wi``'s output, so the fused op
+    gets ``Wi``'s first ``I`` rows as ``w_gate`` and the last ``I`` as ``w_up``: views of the host's own
+    weight (``torch.chunk``'s backward puts their gradients back into one ``[2I, H]`` gradient). With
+    dropout active in training the layer runs the host's ``Wi``, the fused packed GeGLU and the host's
+    ``drop`` and ``Wo``: the same modules in the same order, so the same dropout masks.
+    """
+
+    Wi: nn.Linear
+    act: nn.Module
+    drop: nn.Module
+    Wo: nn.Linear
+
+    has_backward = True
+    can_torch_compile = True
+
+    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        act, drop = _host_attr(self, "act"), _host_attr(self, "drop")
+        approx = None if _hooked(act) or _hooked(drop) else gelu_approximation(act)
+        cast = _autocast.target(hidden_states.device)
+        wi = None if approx is None or cast is False else \
+            _projection_operands(self, hidden_states, ("Wi",), cast)
+        # An odd width: the host's chunk gives halves of different sizes and its product fails; so must we.
+        if wi is not None and wi[0].shape[0] % 2 == 0:
+            dropout_active = self.training and getattr(drop, "p", 0.0) > 0
+            wo = None if dropout_active else _projection_operands(self, hidden_states, ("Wo",), cast)
+            if wo is not None and wo[0].shape[1] * 2 == wi[0].shape[0]:
+                w_in, b_in, w_out, b_out = (*wi, *wo)
+                if cast is not None:
+                    # Cast the packed weight before splitting it: autocast's weight cache keeps a cast of a
+                    # parameter (once per region), not of the views a split makes (cast again every call).
+                    w_in, b_in, w_out, b_out = _autocast.cast(cast, w_in, b_in, w_out, b_out)
+                w_gate, w_up = w_in.chunk(2)
+                b_gate, b_up = (None, None) if b_in is None else b_in.chunk(2)
+                return geglu_mlp(hidden_states, w_gate, w_up, w_out, b_gate, b_up, b_out, approximate=approx)
+            if dropout_active:
+                # The host's own modules around the fused packed GeGLU (under autocast, autocast's linear).
+                return self.Wo(drop(geglu_packed(self.Wi(hidden_states), approximate=approx)))
+        return _host_forward(self, PackedGeGLUMLP, lambda t: _packed_mlp_plain(self, t), hidden_states)
+
+
+def _packed_mlp_plain(module: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    a, b = module.Wi(x).chunk(2, dim=-1)
+    return module.Wo(module.drop(module.act(a) * b))
+
+
 class LinearBias(nn.Module):
     """``nn.Linear`` with the bias added in the GEMM epilogue (host: ``weight``, ``bias``)."""
 
@@ -388,4 +438,4 @@ def _packed_plain(x: torch.Tensor, approximate: str) -> torch.Tensor:
     return nn.functional.gelu(x[..., :d], approximate=approximate) * x[..., d:]
 
 
-__all__ = ["GeGLUMLP", "T5GeGLUDense", "LinearBias", "GeluAndMul", "GeluTanhAndMul", "gelu_approximation"]
+__all__ = ["GeGLUMLP", "T5GeGLUDense", "PackedGeGLUMLP", "LinearBias", "GeluAndMul", "GeluTanhAndMul", "gelu_approximation"]

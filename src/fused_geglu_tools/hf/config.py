@@ -55,7 +55,8 @@ def kernel_config(layers: Iterable[str] = (GEGLU_MLP,), *, source: Literal["hub"
     """A ``transformers.KernelConfig`` mapping the given marked layer names to fused-geglu.
 
     ``layers`` must name layers the model has (transformers rejects the others): ``FusedGeGLUMLP``
-    for Gemma-style models, ``FusedT5GeGLUDense`` for the T5 family, ``FusedLinearBias`` when
+    for Gemma-style models, ``FusedT5GeGLUDense`` for the T5 family, ``FusedPackedGeGLUMLP`` for
+    ModernBERT, ``FusedLinearBias`` when
     ``nn.Linear`` is marked. ``inherit_mapping=False``: transformers' default mapping would
     try to download kernels-community repos. A fresh config is needed for every
     ``set_use_kernels`` call. ``repo_id`` defaults to ``build.toml``'s ``[general.hub] repo-id`` and

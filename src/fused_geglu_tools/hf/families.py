@@ -27,16 +27,18 @@ from . import fsdp
 # "GeGLUMLP" (-> Liger) and "Linear" (-> LigerLinear in training).
 GEGLU_MLP = "FusedGeGLUMLP"
 T5_GEGLU_DENSE = "FusedT5GeGLUDense"
+PACKED_GEGLU_MLP = "FusedPackedGeGLUMLP"
 LINEAR_BIAS = "FusedLinearBias"
 
 # Mapping name -> class name inside the kernel's ``layers``.
 KERNEL_LAYERS: dict[str, str] = {
     GEGLU_MLP: "GeGLUMLP",
     T5_GEGLU_DENSE: "T5GeGLUDense",
+    PACKED_GEGLU_MLP: "PackedGeGLUMLP",
     LINEAR_BIAS: "LinearBias",
 }
 
-Kind = Literal["gate_up_down", "t5"]
+Kind = Literal["gate_up_down", "t5", "packed"]
 
 # Same classification as the kernel's ``layers.gelu_approximation`` (by class name, because the
 # kernel cannot import transformers). All tanh-form GELUs are one function,
@@ -55,7 +57,7 @@ class Family:
     key: str  # short family name, e.g. "gemma2"
     module: str  # modeling module, e.g. "transformers.models.gemma2.modeling_gemma2"
     class_name: str  # e.g. "Gemma2MLP"
-    kind: Kind  # attribute layout: gate_proj/up_proj/down_proj + act_fn, or wi_0/wi_1/wo + act
+    kind: Kind  # attribute layout: gate_proj/up_proj/down_proj + act_fn, wi_0/wi_1/wo + act, or Wi/Wo + act
     where: str  # where instances sit in the model (documentation only)
     notes: str = ""
     # T5-style only: whether the class casts the GeGLU product to wo's dtype (T5 keeps wo in fp32).
@@ -64,12 +66,13 @@ class Family:
     @property
     def layer(self) -> str:
         """Kernel-mapping name this family is marked with."""
-        return GEGLU_MLP if self.kind == "gate_up_down" else T5_GEGLU_DENSE
+        return {"gate_up_down": GEGLU_MLP, "t5": T5_GEGLU_DENSE, "packed": PACKED_GEGLU_MLP}[self.kind]
 
     @property
     def attrs(self) -> tuple[str, ...]:
-        return ("gate_proj", "up_proj", "down_proj", "act_fn") if self.kind == "gate_up_down" \
-            else ("wi_0", "wi_1", "wo", "act", "dropout")
+        return {"gate_up_down": ("gate_proj", "up_proj", "down_proj", "act_fn"),
+                "t5": ("wi_0", "wi_1", "wo", "act", "dropout"),
+                "packed": ("Wi", "Wo", "act", "drop")}[self.kind]
 
 
 def _gud(key: str, pkg: str, cls: str, where: str = "model.layers[i].mlp", notes: str = "") -> Family:
@@ -110,6 +113,10 @@ FAMILIES: tuple[Family, ...] = (
     _t5("pop2piano", "pop2piano", "Pop2PianoDenseGatedActDense", notes="wo kept in fp32"),
     _t5("pix2struct_text", "pix2struct", "Pix2StructTextDenseGatedActDense", "decoder.layer[i].mlp.DenseReluDense"),
     _t5("pix2struct_vision", "pix2struct", "Pix2StructVisionMlp", "encoder.layer[i].mlp"),
+    Family("modernbert", "transformers.models.modernbert.modeling_modernbert", "ModernBertMLP", "packed",
+           "model.layers[i].mlp", "one packed Wi (GELU on its first half); exact GELU; optional biases"),
+    Family("modernbert_decoder", "transformers.models.modernbert_decoder.modeling_modernbert_decoder",
+           "ModernBertDecoderMLP", "packed", "model.layers[i].mlp", "as ModernBERT"),
 )
 
 FAMILIES_BY_CLASS: dict[tuple[str, str], Family] = {(f.module, f.class_name): f for f in FAMILIES}
@@ -200,11 +207,11 @@ def _activation_reason(module: nn.Module, attr: str) -> str | None:
     return None
 
 
-def _dropout_hooks_reason(module: nn.Module) -> str | None:
+def _dropout_hooks_reason(module: nn.Module, attr: str = "dropout") -> str | None:
     """A hooked dropout between GeGLU and the down projection: the fused op never calls it (any mode)."""
-    dropout = getattr(module, "dropout", None)
+    dropout = getattr(module, attr, None)
     if isinstance(dropout, nn.Module) and _hooked(dropout):
-        return "dropout has forward hooks, which the fused kernel would skip"
+        return f"{attr} has forward hooks, which the fused kernel would skip"
     return None
 
 
@@ -295,6 +302,21 @@ def _t5_reason(module: nn.Module, family: Family) -> str | None:
     return None
 
 
+def _packed_reason(module: nn.Module) -> str | None:
+    """ModernBERT's MLP: ``Wo(drop(act(a) * b))`` with ``a, b = Wi(x).chunk(2, dim=-1)``. Dropout active in
+    training is not refused: the layer then runs the host's Wi, drop and Wo around the fused GeGLU."""
+    reason = _activation_reason(module, "act") or _dropout_hooks_reason(module, "drop")
+    if reason:
+        return reason
+    reason = _linears_reason(module, ("Wi", "Wo"))
+    if reason:
+        return reason
+    width, inner = module.Wi.out_features, module.Wo.in_features
+    if width != 2 * inner:
+        return f"Wi has {width} outputs, not twice Wo's {inner} inputs (a packed GeGLU's two halves)"
+    return None
+
+
 def _linear_bias_reason(module: nn.Module) -> str | None:
     if type(module) is not nn.Linear:
         # nn.Linear's marks are inherited by every subclass (bitsandbytes, peft, ...).
@@ -315,4 +337,6 @@ def refusal(module: nn.Module, family: Family | None = None) -> str | None:
         return _linear_bias_reason(module)
     if family.kind == "gate_up_down":
         return _gate_up_down_reason(module)
+    if family.kind == "packed":
+        return _packed_reason(module)
     return _t5_reason(module, family)

@@ -21,7 +21,7 @@ from typing import Iterable, Literal
 from kernels import LayerRepository, LocalLayerRepository, LockedLayerRepository, Mode
 
 from ..buildconfig import hub_repo_id, hub_version
-from .families import GEGLU_MLP, KERNEL_LAYERS, LINEAR_BIAS, T5_GEGLU_DENSE
+from .families import GEGLU_MLP, KERNEL_LAYERS, LINEAR_BIAS, PACKED_GEGLU_MLP, T5_GEGLU_DENSE
 
 Source = Literal["hub", "locked", "local"]
 SOURCES: tuple[str, ...] = ("hub", "locked", "local")
@@ -99,14 +99,14 @@ def layer_repository(layer: str, *, source: Source = "hub", repo_id: str | None 
 
 
 def layer_names(*, linear_bias: bool = False) -> tuple[str, ...]:
-    return (GEGLU_MLP, T5_GEGLU_DENSE) + ((LINEAR_BIAS,) if linear_bias else ())
+    return (GEGLU_MLP, T5_GEGLU_DENSE, PACKED_GEGLU_MLP) + ((LINEAR_BIAS,) if linear_bias else ())
 
 
 def kernel_mapping(*, source: Source = "hub", layers: Iterable[str] | None = None, linear_bias: bool = False,
                    devices: Iterable[str] = DEVICES, modes: Iterable[Mode] = MODES, **repo_kwargs) -> dict:
     """``{mapping name: {device: {mode: repository}}}`` for ``kernels.use_kernel_mapping``.
 
-    ``layers`` defaults to the two MLP layers, plus the bias linear when ``linear_bias``;
+    ``layers`` defaults to the three MLP layers, plus the bias linear when ``linear_bias``;
     ``repo_kwargs`` go to :func:`layer_repository` (``version``, ``revision``, ``lockfile``, ...).
     """
     names = tuple(layers) if layers is not None else layer_names(linear_bias=linear_bias)
