@@ -14,6 +14,9 @@ round is free of the host's drift; each row's peak memory is taken from a base w
 ``--batch 1 --seq 16 --reps 50`` is a decode-sized step without CUDA graphs, where the host's time per
 module call decides.
 
+``--model modernbert`` times a ModernBERT masked LM instead (exact GELU, one packed ``Wi`` per MLP, replaced by
+the ``PackedGeGLUMLP`` layer); ModernBERT-large's widths are ``--hidden 1024 --intermediate 2624``.
+
 ``--autocast``: the model kept in float32 and every call under ``torch.autocast("cuda", bfloat16)``, one region
 per timed call (a training step's, Trainer's ``bf16=True``), against eager's own autocast.
 
@@ -197,6 +200,8 @@ def _host_profile_one(torch, fwd, m, x_mlp, calls: int, with_table: bool) -> dic
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results")
+    p.add_argument("--model", choices=("gemma", "modernbert"), default="gemma",
+                   help="gemma: GemmaForCausalLM (tanh GELU); modernbert: ModernBertForMaskedLM (packed Wi, exact GELU)")
     p.add_argument("--layers", type=int, default=4)
     p.add_argument("--hidden", type=int, default=2048, help="hidden size (Gemma3-1B: 1152 with --intermediate 6912)")
     p.add_argument("--intermediate", type=int, default=16384)
@@ -217,9 +222,11 @@ def main() -> int:
                    help="also: host time inside each MLP module's call (forward hooks), and a torch.profiler "
                         "table of one forward, eager and kernelized")
     args = p.parse_args()
+    if args.model != "gemma" and args.host_profile:
+        p.error("--host-profile times Gemma's MLP (gate_proj/up_proj/down_proj): use it with --model gemma")
     import torch
     from kernels import Mode
-    from transformers import GemmaConfig, GemmaForCausalLM
+    import transformers
 
     from fused_geglu_tools.transformers import kernelize
 
@@ -227,10 +234,21 @@ def main() -> int:
         print("e2e_gemma: needs a CUDA GPU; nothing measured")
         return 0
     torch.manual_seed(0)
-    cfg = GemmaConfig(vocab_size=4096, hidden_size=args.hidden, intermediate_size=args.intermediate, num_hidden_layers=args.layers,
-                      num_attention_heads=8, num_key_value_heads=1, head_dim=256, max_position_embeddings=args.seq,
-                      hidden_act="gelu_pytorch_tanh", hidden_activation="gelu_pytorch_tanh")
-    model = GemmaForCausalLM(cfg).to("cuda", torch.float32 if args.autocast else torch.bfloat16)
+    if args.model == "modernbert":
+        # ModernBERT's own attention pattern (global every third layer, a 128-token window between).
+        cfg = transformers.ModernBertConfig(
+            vocab_size=4096, hidden_size=args.hidden, intermediate_size=args.intermediate,
+            num_hidden_layers=args.layers, num_attention_heads=max(1, args.hidden // 64),
+            max_position_embeddings=max(args.seq, 128), pad_token_id=0,
+            bos_token_id=1, eos_token_id=2, cls_token_id=1, sep_token_id=2)
+        model = transformers.ModernBertForMaskedLM(cfg)
+    else:
+        cfg = transformers.GemmaConfig(
+            vocab_size=4096, hidden_size=args.hidden, intermediate_size=args.intermediate,
+            num_hidden_layers=args.layers, num_attention_heads=8, num_key_value_heads=1, head_dim=256,
+            max_position_embeddings=args.seq, hidden_act="gelu_pytorch_tanh", hidden_activation="gelu_pytorch_tanh")
+        model = transformers.GemmaForCausalLM(cfg)
+    model = model.to("cuda", torch.float32 if args.autocast else torch.bfloat16)
 
     def amp():  # one autocast region per call with --autocast (a no-op context without)
         return torch.autocast("cuda", dtype=torch.bfloat16, enabled=args.autocast)
@@ -355,7 +373,7 @@ def main() -> int:
            # The kernel's switches in force (FUSED_GEGLU_TRACED_OPS=1: CUDA graphs call the compiled ops).
            "switches": {k: v for k, v in sorted(os.environ.items())
                         if k.startswith("FUSED_GEGLU_") and k not in ("FUSED_GEGLU_COMMIT", "FUSED_GEGLU_DIRTY")}}
-    payload = {"config": {"hidden": args.hidden, "intermediate": args.intermediate, "layers": args.layers, "batch": args.batch,
+    payload = {"config": {"model": args.model, "hidden": args.hidden, "intermediate": args.intermediate, "layers": args.layers, "batch": args.batch,
                           "seq": args.seq, "dtype": "float32+autocast_bf16" if args.autocast else "bfloat16", "reps": args.reps, "rounds": args.rounds,
                           "compile_mode": args.compile_mode, "modes": modes},
                "env": env, "compile_s": compile_s, "kernelize": report,
@@ -363,6 +381,7 @@ def main() -> int:
                "summary": summary, "rows": rows, "host_profile": profile}
     args.out.mkdir(parents=True, exist_ok=True)
     width = "gemma2b" if (args.hidden, args.intermediate) == (2048, 16384) else f"h{args.hidden}i{args.intermediate}"
+    width = width if args.model == "gemma" else f"{args.model}-h{args.hidden}i{args.intermediate}"
     tag = (f"-{args.compile_mode}" if args.compile_mode else "") + ("-autocast" if args.autocast else "")
     path = args.out / f"e2e-{width}-{time.strftime('%Y%m%d')}-b{args.batch}s{args.seq}{tag}.json"
     path.write_text(json.dumps(payload, indent=1))
