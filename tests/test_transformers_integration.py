@@ -83,6 +83,21 @@ def _modernbert(model_cls="ModernBertForMaskedLM", config_cls="ModernBertConfig"
         max_position_embeddings=64, pad_token_id=0, **kw))
 
 
+def _gte(**kw):
+    # GTE: exact GELU, a biased down_proj, dropout between the GeGLU and down_proj (0.1 by default).
+    return lambda: transformers.GteModel(transformers.GteConfig(
+        vocab_size=128, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+        max_position_embeddings=64, pad_token_id=0, **kw))
+
+
+def _zamba():
+    # Zamba: Mamba layers with a shared attention + GeGLU block every second layer (the torch Mamba path).
+    return transformers.ZambaForCausalLM(transformers.ZambaConfig(
+        vocab_size=128, hidden_size=64, intermediate_size=96, num_hidden_layers=6, num_attention_heads=4,
+        num_key_value_heads=4, attention_hidden_size=128, attention_head_dim=32, mamba_d_state=4, mamba_dt_rank=8,
+        n_mamba_heads=2, max_position_embeddings=64, pad_token_id=0, attn_layer_period=2, attn_layer_offset=1))
+
+
 def _causal(model_cls, config_cls, **kw):
     return lambda: getattr(transformers, model_cls)(getattr(transformers, config_cls)(**{**G, **kw}))
 
@@ -106,6 +121,8 @@ MODELS = {
     "umt5": (_seq2seq("UMT5ForConditionalGeneration", "UMT5Config"), "seq2seq", "UMT5DenseGatedActDense", 4),
     "longt5": (_seq2seq("LongT5ForConditionalGeneration", "LongT5Config"), "seq2seq", "LongT5DenseGatedActDense", 4),
     "pixtral": (_pixtral, "vision", "PixtralMLP", 2),
+    "gte": (_gte(), "causal", "GteMLP", 2),
+    "zamba": (_zamba, "causal", "ZambaMLP", 2),
     "modernbert": (_modernbert(mlp_bias=True), "causal", "ModernBertMLP", 2),
     "modernbert_decoder": (_modernbert("ModernBertDecoderForCausalLM", "ModernBertDecoderConfig"), "causal",
                            "ModernBertDecoderMLP", 2),
@@ -325,7 +342,7 @@ def _grads(model, inputs, weight):
     return {n: p.grad for n, p in model.named_parameters() if p.grad is not None}
 
 
-@pytest.mark.parametrize("family", ["gemma", "recurrent_gemma", "t5", "t5gemma", "pixtral", "modernbert"])
+@pytest.mark.parametrize("family", ["gemma", "recurrent_gemma", "t5", "t5gemma", "pixtral", "modernbert", "zamba"])
 def test_training_gradients_match(family, device, kernel):
     model, kind, cls_name, count = _build(family, device)
     model.train()  # every config here has dropout 0, so train and eval compute the same
@@ -399,16 +416,19 @@ def test_train_eval_switching_keeps_the_kernel(device, kernel):
             assert model.model.layers[0].mlp.gate_proj.weight.grad is not None
 
 
-def test_dropout_in_training_is_refused_and_restored(device, kernel):
-    model = _t5gemma(dropout_rate=0.1).to(device).eval()
-    assert fgt.kernelize(model).count("T5GemmaMLP") == 4
+@pytest.mark.parametrize("family", ["t5gemma", "gte"])
+def test_dropout_in_training_is_refused_and_restored(family, device, kernel):
+    # T5Gemma with dropout_rate=0.1; GTE as configured by default (hidden_dropout_prob=0.1).
+    model, cls, count = (_t5gemma(dropout_rate=0.1), "T5GemmaMLP", 4) if family == "t5gemma" else (_gte()(), "GteMLP", 2)
+    model = model.to(device).eval()
+    assert fgt.kernelize(model).count(cls) == count
     model.train()
     report = fgt.kernelize(model)
-    assert report.count("T5GemmaMLP") == 0
-    assert any("dropout p=0.1" in r.reason for r in report.refused if r.class_name == "T5GemmaMLP"), report
-    assert all("forward" not in m.__dict__ for m in _kernel_modules(model, "T5GemmaMLP"))
+    assert report.count(cls) == 0
+    assert any("dropout p=0.1" in r.reason for r in report.refused if r.class_name == cls), report
+    assert all("forward" not in m.__dict__ for m in _kernel_modules(model, cls))
     model.eval()
-    assert fgt.kernelize(model).count("T5GemmaMLP") == 4
+    assert fgt.kernelize(model).count(cls) == count
 
 
 def test_t5_dropout_runs_inside_the_layer(device, kernel):
