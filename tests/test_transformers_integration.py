@@ -417,10 +417,38 @@ def test_train_eval_switching_keeps_the_kernel(device, kernel):
 
 
 @pytest.mark.parametrize("family", ["t5gemma", "gte"])
-def test_dropout_in_training_is_refused_and_restored(family, device, kernel):
-    # T5Gemma with dropout_rate=0.1; GTE as configured by default (hidden_dropout_prob=0.1).
+def test_dropout_between_geglu_and_down_proj_runs_inside_the_layer(family, device, kernel):
+    """T5Gemma with dropout_rate=0.1 and GTE as configured by default (hidden_dropout_prob=0.1), in training: the
+    layer keeps the kernel and runs the host's projections, the fused GeGLU, the host's dropout and down_proj,
+    so the same seed gives the same masks and outputs as eager (until 2026-12-05 such MLPs were refused)."""
+    torch.manual_seed(0)
     model, cls, count = (_t5gemma(dropout_rate=0.1), "T5GemmaMLP", 4) if family == "t5gemma" else (_gte()(), "GteMLP", 2)
-    model = model.to(device).eval()
+    model = model.to(device).train()
+    eager = copy.deepcopy(model)
+    report = fgt.kernelize(model)
+    assert report.count(cls) == count, report
+    kind = "seq2seq" if family == "t5gemma" else "causal"
+    inputs = _inputs(kind, device, torch.float32)
+    importlib.import_module(f"{kernel.__name__}._dispatch")._last.pop("geglu", None)
+    torch.manual_seed(3)
+    got = _out(model, inputs)
+    assert kernel.last_backend("geglu") is not None, "the fused GeGLU did not run"
+    torch.manual_seed(3)
+    want = _out(eager, inputs)
+    torch.testing.assert_close(got, want, **SAME_DTYPE_TOL)
+    got.sum().backward()
+    want.sum().backward()
+    mlp = next(m for m in model.modules() if type(m).__name__ == cls)
+    mlp_eager = next(m for m in eager.modules() if type(m).__name__ == cls)
+    torch.testing.assert_close(mlp.gate_proj.weight.grad, mlp_eager.gate_proj.weight.grad, **SAME_DTYPE_TOL)
+
+
+def test_dropout_at_an_unknown_place_is_refused_and_restored(device, kernel):
+    """A Gemma MLP given a dropout (a class the layer does not know the order of): refused in training with the
+    reason, the class forward put back, and replaced again in eval."""
+    model, _, cls, count = _build("gemma", device)
+    for mlp in _kernel_modules(model, cls):
+        mlp.dropout = nn.Dropout(0.1)
     assert fgt.kernelize(model).count(cls) == count
     model.train()
     report = fgt.kernelize(model)
@@ -429,6 +457,12 @@ def test_dropout_in_training_is_refused_and_restored(family, device, kernel):
     assert all("forward" not in m.__dict__ for m in _kernel_modules(model, cls))
     model.eval()
     assert fgt.kernelize(model).count(cls) == count
+
+
+def test_dropout_classes_agree_with_the_kernel_layer(kernel):
+    from fused_geglu_tools.hf import families
+
+    assert families.DROPOUT_BEFORE_DOWN == kernel.layers._DROPOUT_BEFORE_DOWN
 
 
 def test_t5_dropout_runs_inside_the_layer(device, kernel):

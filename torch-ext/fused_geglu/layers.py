@@ -242,13 +242,18 @@ class GeGLUMLP(nn.Module):
         act = _host_attr(self, "act_fn")
         approx = None if _hooked(act) else gelu_approximation(act)
         sparsity = _host_attr(self, "activation_sparsity", 0.0)  # Gemma3n: top-k on gate first
-        # T5Gemma: dropout between act*up and down, which only training applies (and its hooks fire always).
+        # T5Gemma, GTE: dropout between act*up and down, which only training applies (and its hooks fire always).
         dropout = _host_attr(self, "dropout")
         cast = _autocast.target(x.device)
         # The dropout's p before self.training: a graph of a host without dropout (Gemma) then does not
         # guard on training, which the host's own forward never reads (a train/eval toggle recompiled it).
-        if approx is not None and cast is not False and not sparsity and not _hooked(dropout) and not (
-                getattr(dropout, "p", 0.0) > 0 and self.training):
+        dropout_active = getattr(dropout, "p", 0.0) > 0 and self.training
+        if dropout_active and approx is not None and cast is not False and not sparsity and not _hooked(dropout) \
+                and type(self).__name__ in _DROPOUT_BEFORE_DOWN and isinstance(dropout, nn.Module):
+            # The host's projections, the fused GeGLU, then the host's dropout and down_proj: the host's modules
+            # in the host's order, so the same dropout masks (under autocast the projections cast as the host's).
+            return self.down_proj(dropout(geglu(self.gate_proj(x), self.up_proj(x), approximate=approx)))
+        if approx is not None and cast is not False and not sparsity and not _hooked(dropout) and not dropout_active:
             operands = _projection_operands(self, x, ("gate_proj", "up_proj", "down_proj"), cast)
             if operands is not None:
                 w_gate, b_gate, w_up, b_up, w_down, b_down = operands
@@ -259,6 +264,12 @@ class GeGLUMLP(nn.Module):
                 return y
         return _host_forward(self, GeGLUMLP,
                              lambda t: self.down_proj(self.act_fn(self.gate_proj(t)) * self.up_proj(t)), x)
+
+
+# Gemma-style host classes whose forward is ``down_proj(dropout(act_fn(gate_proj(x)) * up_proj(x)))`` (matched by
+# name, as the activations are): with the dropout active, GeGLUMLP runs that order itself. Any other host with an
+# active dropout keeps its own forward, since where its dropout sits is not known here.
+_DROPOUT_BEFORE_DOWN = frozenset({"T5GemmaMLP", "T5Gemma2MLP", "GteMLP"})
 
 
 class T5GeGLUDense(nn.Module):

@@ -9,8 +9,8 @@ what its instances must look like for the fused kernel to compute exactly what t
 The checks mirror the kernel's own per-call guard (``layers.py`` of the kernel): a GELU flavour
 it recognises by class name, plain dense ``nn.Linear`` weights on one dtype and device. The
 layer would fall back to the host's math for anything else; refusing up front keeps the report
-honest. Two things the layer does not look at per call are refused here: Gemma3n's activation
-sparsity and dropout that is active in training in the middle of a Gemma-style MLP.
+honest. Gemma3n's activation sparsity is refused here too, and dropout active in training in the middle of a
+Gemma-style MLP whose class is not one the layer knows the order of (:data:`DROPOUT_BEFORE_DOWN`).
 """
 
 from __future__ import annotations
@@ -48,6 +48,10 @@ _TANH_GELU_CLASSES = frozenset({"GELUTanh", "PytorchGELUTanh", "GELUPytorchTanh"
                                 "FastGELUActivation"})
 _EXACT_GELU_CLASSES = frozenset({"GELUActivation"})
 _FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+# Gemma-style classes whose dropout sits between the GeGLU and down_proj: the kernel's GeGLUMLP runs it there
+# (the host's projections, the fused GeGLU, the host's dropout and down_proj) when it is active in training.
+# The same set as the kernel's ``layers._DROPOUT_BEFORE_DOWN`` (a test compares them).
+DROPOUT_BEFORE_DOWN = frozenset({"T5GemmaMLP", "T5Gemma2MLP", "GteMLP"})
 
 
 @dataclass(frozen=True)
@@ -95,9 +99,9 @@ FAMILIES: tuple[Family, ...] = (
     _gud("embedding_gemma2", "embedding_gemma2", "EmbeddingGemma2MLP"),
     _gud("diffusion_gemma", "diffusion_gemma", "DiffusionGemmaText4MLP"),
     _gud("t5gemma", "t5gemma", "T5GemmaMLP", "encoder/decoder.layers[i].mlp",
-         notes="dropout between GeGLU and down_proj: refused in training when p > 0"),
+         notes="dropout between GeGLU and down_proj, run by the layer in training"),
     _gud("t5gemma2", "t5gemma2", "T5Gemma2MLP", "encoder/decoder.layers[i].mlp",
-         notes="dropout between GeGLU and down_proj: refused in training when p > 0"),
+         notes="dropout between GeGLU and down_proj, run by the layer in training"),
     _gud("recurrent_gemma", "recurrent_gemma", "RecurrentGemmaMlp", "model.layers[i].mlp_block",
          notes="biases on all three projections; width intermediate_size // 2"),
     _gud("pixtral", "pixtral", "PixtralMLP", "transformer.layers[i].feed_forward", notes="exact GELU"),
@@ -105,7 +109,7 @@ FAMILIES: tuple[Family, ...] = (
          notes="exact GELU, optional biases (config.use_gated_mlp)"),
     _gud("eomt_dinov3", "eomt_dinov3", "EomtDinov3GatedMLP", "layers[i].mlp", notes="exact GELU, optional biases"),
     _gud("gte", "gte", "GteMLP", "layers[i].mlp",
-         notes="exact GELU; biased down_proj; dropout between GeGLU and down_proj: refused in training when p > 0"),
+         notes="exact GELU; biased down_proj; dropout between GeGLU and down_proj, run by the layer in training"),
     _gud("zamba", "zamba", "ZambaMLP", "model.layers[i].shared_transf.feed_forward", notes="exact GELU"),
     _t5("t5", "t5", "T5DenseGatedActDense", notes="feed_forward_proj='gated-gelu'; wo kept in fp32"),
     _t5("mt5", "mt5", "MT5DenseGatedActDense", notes="wo kept in fp32"),
@@ -278,9 +282,9 @@ def _gate_up_down_reason(module: nn.Module) -> str | None:
     sparsity = getattr(module, "activation_sparsity", 0.0)
     if isinstance(sparsity, (int, float)) and sparsity > 0.0:
         return f"activation_sparsity={sparsity:g} (Gemma3n top-k gate) is not a plain GeGLU"
-    if module.training and _dropout_p(module) > 0.0:
-        return (f"dropout p={_dropout_p(module):g} is active in training; the fused MLP has no dropout "
-                "between GeGLU and down_proj")
+    if module.training and _dropout_p(module) > 0.0 and type(module).__name__ not in DROPOUT_BEFORE_DOWN:
+        return (f"dropout p={_dropout_p(module):g} is active in training, at a place in {type(module).__name__}'s "
+                "forward the kernel layer does not know")
     tp = _tensor_parallel_layout(module)
     if tp is None:
         return None  # tensor-parallel shards in the layout the kernel layer handles
