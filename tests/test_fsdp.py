@@ -14,6 +14,10 @@ fully_shard over tensor-parallel weights: transformers' native loading (``Distri
 tp_size=2)``, four ranks) runs the fused tensor-parallel MLP on each rank's gathered shards; torch's
 ``parallelize_module`` (forward hooks on the projections) is refused and trains on the host's path.
 
+ModernBERT (one packed ``Wi``, the ``PackedGeGLUMLP`` layer on views of the gathered parameter), fully_shard per
+layer then kernelize: fused in every step, the losses and the Wi / Wo gradients within twice the error of the
+sharded model without the kernel.
+
 DistributedDataParallel, kernelized before or after wrapping, in the same two-rank processes: fused in every
 step, within twice the error of DDP without the kernel (first run 2026-12-05; nothing needed changing).
 
@@ -79,6 +83,23 @@ def _gemma(seed: int, precision=None):
     return model.double() if precision == "f64-as-f32" else model
 
 
+def _modernbert(seed: int):
+    """ModernBERT (one packed Wi per MLP, the PackedGeGLUMLP layer) as a masked LM of the same size."""
+    from transformers import ModernBertConfig, ModernBertForMaskedLM
+
+    torch.manual_seed(seed)
+    cfg = ModernBertConfig(vocab_size=128, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+                           num_attention_heads=4, max_position_embeddings=64, pad_token_id=0, bos_token_id=1,
+                           eos_token_id=2, cls_token_id=1, sep_token_id=2, initializer_range=0.5)
+    return ModernBertForMaskedLM(cfg).train()
+
+
+def _mlp_weights(mlp):
+    """The MLP's projection weights: gate/up/down, or ModernBERT's packed Wi and Wo."""
+    names = ("Wi", "Wo") if hasattr(mlp, "Wi") else ("gate_proj", "up_proj", "down_proj")
+    return [getattr(mlp, n).weight for n in names]
+
+
 def _shard(model, mesh, per_mlp: bool, precision, compiled: bool = False):
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
@@ -126,7 +147,7 @@ def _train(model, ids, steps: int = STEPS, compiled: bool = False):
         losses.append(loss.detach())  # float32 (also under the bf16 policy: logits are upcast), the reference float64
         mlp = getattr(model, "module", model).model.layers[0].mlp  # DistributedDataParallel wraps the model
         grads.append([(p.grad.full_tensor() if isinstance(p.grad, DTensor) else p.grad).detach().clone()
-                      for p in (mlp.gate_proj.weight, mlp.up_proj.weight, mlp.down_proj.weight)])
+                      for p in _mlp_weights(mlp)])
         opt.step()
         opt.zero_grad()
     return torch.stack(losses), nodes, grads
@@ -177,6 +198,22 @@ def _worker(rank: int, world: int, port: int, result_dir: str) -> None:
                 for proj, got, want, eager in zip(("gate", "up", "down"), grads[step], ref_grads[step],
                                                   eager_grads[step]):
                     _numerics.assert_close(as32(got), want, as32(eager), what=f"{name} step {step} {proj}_proj gradient")
+
+        # ModernBERT's packed Wi, fully_shard per layer then kernelize: the layer splits the gathered Wi into views,
+        # and their gradients reach the one sharded parameter.
+        mesh = init_device_mesh("cpu", (world,))
+        model = _shard(_modernbert(0), mesh, False, None)
+        report = kernelize(model, mode=Mode.TRAINING, device="cpu", source="hub")
+        assert report.count("ModernBertMLP") == 2 and not report.refused, f"modernbert: {report}"
+        losses, nodes, grads = _train(model, ids)
+        assert nodes == [2] * STEPS, f"modernbert: fused MLP nodes per step {nodes} (2 layers)"
+        eager_losses, eager_nodes, eager_grads = _train(_shard(_modernbert(0), mesh, False, None), ids)
+        assert eager_nodes == [0] * STEPS
+        mb_losses, _, mb_grads = _train(_modernbert(0).double(), ids)
+        _numerics.assert_close(losses, mb_losses, eager_losses, what="modernbert losses")
+        for step in range(STEPS):
+            for proj, got, want, eager in zip(("Wi", "Wo"), grads[step], mb_grads[step], eager_grads[step]):
+                _numerics.assert_close(got, want, eager, what=f"modernbert step {step} {proj} gradient")
 
         # DistributedDataParallel (its gradient all-reduce runs in autograd hooks on the parameters, which the
         # kernel's nodes feed like any other): kernelized before or after wrapping, it trains fused and within
