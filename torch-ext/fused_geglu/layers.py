@@ -130,6 +130,15 @@ def _projection_operands(module: nn.Module, x: torch.Tensor, names: tuple[str, .
     return out
 
 
+def _activation_and_cast(module: nn.Module, x: torch.Tensor, act_name: str, dropout_name: str):
+    """``(approx, cast, dropout)`` for a host whose activation and dropout are the modules named: the GELU
+    flavour the fused op computes (None where the activation is not a GELU, or it or the dropout has hooks the
+    fused op would not fire), ``_autocast.target``'s value, and the host's dropout."""
+    act, dropout = _host_attr(module, act_name), _host_attr(module, dropout_name)
+    approx = None if _hooked(act) or _hooked(dropout) else gelu_approximation(act)
+    return approx, _autocast.target(x.device), dropout
+
+
 def _host_forward(module: nn.Module, layer_cls: type, plain, *args):
     """The host class's own forward; ``plain`` (the same math in PyTorch) when there is no host,
     i.e. the layer class itself is being used as a module."""
@@ -290,9 +299,7 @@ class T5GeGLUDense(nn.Module):
     can_torch_compile = True
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
-        act, dropout = _host_attr(self, "act"), _host_attr(self, "dropout")
-        approx = None if _hooked(act) or _hooked(dropout) else gelu_approximation(act)
-        cast = _autocast.target(hidden_states.device)
+        approx, cast, dropout = _activation_and_cast(self, hidden_states, "act", "dropout")
         inner = None if approx is None or cast is False else \
             _projection_operands(self, hidden_states, ("wi_0", "wi_1"), cast)
         wo = _host_attr(self, "wo")
@@ -358,9 +365,7 @@ class PackedGeGLUMLP(nn.Module):
     can_torch_compile = True
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
-        act, drop = _host_attr(self, "act"), _host_attr(self, "drop")
-        approx = None if _hooked(act) or _hooked(drop) else gelu_approximation(act)
-        cast = _autocast.target(hidden_states.device)
+        approx, cast, drop = _activation_and_cast(self, hidden_states, "act", "drop")
         wi = None if approx is None or cast is False else \
             _projection_operands(self, hidden_states, ("Wi",), cast)
         # An odd width: the host's chunk gives halves of different sizes and its product fails; so must we.
