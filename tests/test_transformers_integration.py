@@ -698,7 +698,7 @@ class _Logits(nn.Module):
 
 
 @pytest.mark.parametrize("strict", [False, True], ids=["nonstrict", "strict"])
-@pytest.mark.parametrize("family", ["gemma", "t5"])
+@pytest.mark.parametrize("family", ["gemma", "t5", "modernbert"])
 def test_torch_export_keeps_the_fused_ops(family, strict, device, kernel):
     """``torch.export`` of a kernelized model (under no_grad: an inference program) calls the kernel's MLP op
     once per replaced module, and the exported program computes what eager computes. A non-strict export
