@@ -359,8 +359,9 @@ def test_training_gradients_match(family, device, kernel):
         _assert_close(f"{family} grad {name}", got[name], want[name], exact[name], torch.float32)
 
 
+@pytest.mark.parametrize("family", ["gemma", "modernbert"])
 @pytest.mark.parametrize("traced_ops", [True, False], ids=["compiled_ops", "custom_ops"])
-def test_compiled_training_gradients_match(device, kernel, monkeypatch, traced_ops, request):
+def test_compiled_training_gradients_match(family, device, kernel, monkeypatch, traced_ops, request):
     """Kernelize for training under torch.compile, compile the whole model, take gradients: they match
     eager's within the float64-referenced bound. The compiled graph's backward is the kernel's and
     writes the gradients to buffers of their own (the eager node overwrites the saved pre-activations
@@ -371,7 +372,7 @@ def test_compiled_training_gradients_match(device, kernel, monkeypatch, traced_o
     if traced_ops:
         request.getfixturevalue("compiled")  # the traced ops are the compiled library's
     monkeypatch.setattr(traced, "TRACED_OPS_DEVICES", frozenset({device} if traced_ops else ()))
-    model, kind, cls_name, count = _build("gemma", device)
+    model, kind, cls_name, count = _build(family, device)
     model.train()
     eager, ref = copy.deepcopy(model), copy.deepcopy(model).double()
     report = fgt.kernelize(model, mode=Mode.TRAINING | Mode.TORCH_COMPILE)
