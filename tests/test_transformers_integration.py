@@ -613,11 +613,12 @@ def test_compile_fullgraph(family, device, kernel):
     torch._dynamo.reset()
 
 
-def test_compiled_mlp_does_not_guard_on_training_where_the_host_has_no_dropout(device, kernel):
+@pytest.mark.parametrize("family", ["gemma", "modernbert"])  # ModernBERT: a dropout module with p = 0
+def test_compiled_mlp_does_not_guard_on_training_where_the_host_has_no_dropout(family, device, kernel):
     """An MLP module compiled on its own (regional compilation), train/eval toggled between calls: one graph,
     as for the host module, whose forward never reads ``training``. Until 2026-12-05 the layer read
     ``self.training`` before asking whether the host has a dropout at all: a recompile per mode."""
-    model, kind, cls_name, count = _build("gemma", device)
+    model, kind, cls_name, count = _build(family, device)
     fgt.kernelize(model, mode=Mode.INFERENCE | Mode.TORCH_COMPILE)
     mlp = _kernel_modules(model, cls_name)[0]
     x = torch.randn(2, 8, model.config.hidden_size, device=device)

@@ -257,20 +257,21 @@ class GeGLUMLP(nn.Module):
         # The dropout's p before self.training: a graph of a host without dropout (Gemma) then does not
         # guard on training, which the host's own forward never reads (a train/eval toggle recompiled it).
         dropout_active = getattr(dropout, "p", 0.0) > 0 and self.training
-        if dropout_active and approx is not None and cast is not False and not sparsity and not _hooked(dropout) \
-                and type(self).__name__ in _DROPOUT_BEFORE_DOWN and isinstance(dropout, nn.Module):
-            # The host's projections, the fused GeGLU, then the host's dropout and down_proj: the host's modules
-            # in the host's order, so the same dropout masks (under autocast the projections cast as the host's).
-            return self.down_proj(dropout(geglu(self.gate_proj(x), self.up_proj(x), approximate=approx)))
-        if approx is not None and cast is not False and not sparsity and not _hooked(dropout) and not dropout_active:
-            operands = _projection_operands(self, x, ("gate_proj", "up_proj", "down_proj"), cast)
-            if operands is not None:
-                w_gate, b_gate, w_up, b_up, w_down, b_down = operands
-                # Under autocast geglu_mlp casts every operand, as the host's projections would be cast.
-                return geglu_mlp(x, w_gate, w_up, w_down, b_gate, b_up, b_down, approximate=approx)
-            y = _tensor_parallel_mlp(self, x, approx)
-            if y is not None:
-                return y
+        if approx is not None and cast is not False and not sparsity and not _hooked(dropout):
+            if not dropout_active:
+                operands = _projection_operands(self, x, ("gate_proj", "up_proj", "down_proj"), cast)
+                if operands is not None:
+                    w_gate, b_gate, w_up, b_up, w_down, b_down = operands
+                    # Under autocast geglu_mlp casts every operand, as the host's projections would be cast.
+                    return geglu_mlp(x, w_gate, w_up, w_down, b_gate, b_up, b_down, approximate=approx)
+                y = _tensor_parallel_mlp(self, x, approx)
+                if y is not None:
+                    return y
+            elif type(self).__name__ in _DROPOUT_BEFORE_DOWN and isinstance(dropout, nn.Module):
+                # The host's projections, the fused GeGLU, then the host's dropout and down_proj: the host's
+                # modules in the host's order, so the same dropout masks (under autocast the projections cast
+                # as the host's do).
+                return self.down_proj(dropout(geglu(self.gate_proj(x), self.up_proj(x), approximate=approx)))
         return _host_forward(self, GeGLUMLP,
                              lambda t: self.down_proj(self.act_fn(self.gate_proj(t)) * self.up_proj(t)), x)
 
@@ -370,7 +371,7 @@ class PackedGeGLUMLP(nn.Module):
             _projection_operands(self, hidden_states, ("Wi",), cast)
         # An odd width: the host's chunk gives halves of different sizes and its product fails; so must we.
         if wi is not None and wi[0].shape[0] % 2 == 0:
-            dropout_active = self.training and getattr(drop, "p", 0.0) > 0
+            dropout_active = getattr(drop, "p", 0.0) > 0 and self.training  # p first: see GeGLUMLP
             wo = None if dropout_active else _projection_operands(self, hidden_states, ("Wo",), cast)
             if wo is not None and wo[0].shape[1] * 2 == wi[0].shape[0]:
                 w_in, b_in, w_out, b_out = (*wi, *wo)
