@@ -9,6 +9,7 @@ from types import MethodType
 
 import pytest
 import torch
+from fused_geglu_tools import kernels_internals
 from torch import nn
 from _numerics import assert_close, randn
 from conftest import REPO_ID
@@ -49,7 +50,7 @@ class _PackedHost(nn.Module):
 @pytest.mark.parametrize("name", ["GeGLUMLP", "T5GeGLUDense", "PackedGeGLUMLP", "LinearBias", "GeluAndMul",
                                   "GeluTanhAndMul"])
 def test_layers_pass_kernels_validation(kernel, name):
-    from kernels.layer.layer import _validate_layer
+    _validate_layer = kernels_internals.validate_layer()
 
     cls = getattr(kernel.layers, name)
     host = {"GeGLUMLP": _HostMLP, "PackedGeGLUMLP": _PackedHost, "LinearBias": nn.Linear}.get(name)

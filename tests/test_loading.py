@@ -62,8 +62,10 @@ def test_local_kernels_override(build_dir):
 
 def test_kernels_info_cli(hub_cache, build_dir):
     """`kernels info` on the local checkout and, offline, on the staged Hub snapshot."""
-    # The `kernels` console script's entry point, run with this Python (works for --target installs too).
-    cli = [sys.executable, "-c", "import sys; from kernels.cli import main; sys.exit(main())"]
+    # The `kernels` console script's entry point, run with this Python (works for --target installs too;
+    # kernels 0.19 moved it from kernels.cli to kernels._internals.cli).
+    cli = [sys.executable, "-c", "import sys; from importlib.metadata import entry_points as e; "
+           "sys.exit(next(iter(e(group='console_scripts', name='kernels'))).load()())"]
     # kernels 0.17.2's `info` on a repo id lists the Hub tree even with HF_HUB_OFFLINE=1, so offline
     # it is pointed at the staged snapshot folder (a repo with build/), which is what the cache holds.
     repo_dir = hub_cache / ("kernels--" + REPO_ID.replace("/", "--"))

@@ -1,4 +1,4 @@
-"""`fused-geglu lock`: v<N> resolved to a commit, written as kernels 0.17's kernels.lock, and
+"""`fused-geglu lock`: v<N> resolved to a commit, written as the kernels.lock that kernels 0.17-0.19 read, and
 loaded back by kernels exactly (load_kernel, get_locked_kernel, LockedLayerRepository + kernelize).
 
 Loading happens in a fresh interpreter: a second staged build with the same ops namespace must not
@@ -53,7 +53,8 @@ def parse_lock(path: Path) -> dict[tuple[str, int], str]:
     """The lock as kernels itself parses it."""
     from kernels._rust import KernelLocks
 
-    return {(d.repo_id, d.version.version): lk.commit for d, lk in KernelLocks.from_json(path.read_text()).items()}
+    return {(d.repo_id, d.version.version): str(lk.commit)  # an Oid since kernels 0.19
+            for d, lk in KernelLocks.from_json(path.read_text()).items()}
 
 
 # --- resolution and the file format --------------------------------------------------------------

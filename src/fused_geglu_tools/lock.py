@@ -6,7 +6,7 @@ A consumer declares major versions in its ``pyproject.toml``::
     "org/fused-geglu" = 1
 
 and this command resolves each ``v<N>`` branch to the commit it points at, then writes
-``kernels.lock`` in the format kernels 0.17 reads (``[{"dependency": {"repo-id", "version"},
+``kernels.lock`` in the format kernels 0.17-0.19 read and write (``[{"dependency": {"repo-id", "version"},
 "lock": {"commit"}}]``), so that ``kernels.load_kernel(repo, lockfile=...)``,
 ``get_locked_kernel`` and ``LockedLayerRepository`` load exactly that commit.
 
@@ -64,7 +64,7 @@ def read_dependencies(project_dir: Path) -> list[Dependency]:
     """The ``[tool.kernels.dependencies]`` table of ``project_dir/pyproject.toml``, sorted.
 
     Raises ``ValueError`` for a missing file or table and for values that are not a major
-    version (an int >= 0; kernels 0.17 locks only versions, not revisions).
+    version (an int >= 0; kernels 0.17-0.19 lock only versions, not revisions).
     """
     pyproject = Path(project_dir) / "pyproject.toml"
     try:
@@ -171,7 +171,7 @@ def resolve(deps: list[Dependency], *, offline: bool, cache_dir: Path | None = N
 
 
 def render_lockfile(locks: list[Lock]) -> str:
-    """kernels 0.17's ``kernels.lock`` text, entries sorted by repo id (stable diffs)."""
+    """The ``kernels.lock`` text (kernels 0.17-0.19), entries sorted by repo id (stable diffs)."""
     entries = [
         {"dependency": {"repo-id": lk.dependency.repo_id, "version": lk.dependency.version}, "lock": {"commit": lk.commit}}
         for lk in sorted(locks, key=lambda lk: lk.dependency)
@@ -194,7 +194,7 @@ def check_with_kernels(text: str, locks: list[Lock]) -> None:
     got = {}
     for dep, lock in parsed.items():
         assert isinstance(dep.version, KernelVersion.Version), dep
-        got[(dep.repo_id, dep.version.version)] = lock.commit
+        got[(dep.repo_id, dep.version.version)] = str(lock.commit)  # an Oid since kernels 0.19
     want = {(lk.dependency.repo_id, lk.dependency.version): lk.commit for lk in locks}
     if got != want:
         raise AssertionError(f"kernels parses the lock as {got}, expected {want}")
@@ -221,7 +221,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="fused-geglu lock",
         description="Resolve [tool.kernels.dependencies] of PROJECT_DIR/pyproject.toml to Hub commits "
-        "and write PROJECT_DIR/kernels.lock (kernels 0.17 format).",
+        "and write PROJECT_DIR/kernels.lock (the format of kernels 0.17-0.19).",
         epilog="exit codes: 0 written (or up to date with --check); 1 --check found kernels.lock stale; "
         "2 bad pyproject.toml / dependency table; 3 a version could not be resolved",
     )

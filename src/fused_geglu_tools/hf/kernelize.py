@@ -21,6 +21,7 @@ from kernels import Mode, use_kernel_mapping
 from kernels import kernelize as _kernels_kernelize
 from torch import nn
 
+from .. import kernels_internals
 from . import marking
 from .families import KERNEL_LAYERS, LINEAR_BIAS, Family
 from .repos import Source, describe_source, kernel_mapping
@@ -164,7 +165,7 @@ def kernelize(model: nn.Module, *, mode: Mode | None = None, device: str | torch
                   if id(m) not in candidate_ids]
 
         log_filter = _DropForeignNoMapping(set(mapping))
-        kernels_logger = logging.getLogger("kernels.layer.layer")
+        kernels_logger = logging.getLogger(kernels_internals.layer_logger_name())
         kernels_logger.addFilter(log_filter)
         try:
             with use_kernel_mapping(mapping, inherit_mapping=False):
