@@ -1,8 +1,8 @@
 """The ``transformers.KernelConfig`` route, for the transformers versions that allow it.
 
-transformers only runs its hub-kernel path when the installed ``kernels`` is inside its pinned
-window (5.20.2-5.22.2 accept kernels 0.17.2; 5.23+ wants an unreleased kernels and disables the
-path). Where it runs::
+transformers only runs its hub-kernel path when the installed ``kernels`` is inside the window its
+release pins (5.20.2-5.22.2: kernels 0.17.2; 5.23-5.24: 0.18.2-0.18.3; 5.25: 0.19.1, now a required
+dependency); outside it the path is off. Where it runs::
 
     from fused_geglu_tools.transformers import kernel_config, mark_classes
     mark_classes()                                   # before from_pretrained: transformers marks no MLP
@@ -11,7 +11,7 @@ path). Where it runs::
     model.train()                                    # transformers re-kernelizes for TRAINING, but
     model.set_use_kernels(True, kernel_config())     # its stored mapping holds only INFERENCE
 
-Limits of that route (transformers 5.17-5.23, ``utils/kernel_config.py``):
+Limits of that route (``utils/kernel_config.py``, the same file from 5.17 to 5.25):
 
 - the mapping is built for one mode, the model's at the time (``create_compatible_mapping``), so
   after ``model.train()`` / ``model.eval()`` the marked MLPs fall back to their own forward until
