@@ -98,6 +98,13 @@ def _zamba():
         n_mamba_heads=2, max_position_embeddings=64, pad_token_id=0, attn_layer_period=2, attn_layer_offset=1))
 
 
+def _pi05_expert():
+    # π0.5's action expert (transformers 5.25+): Gemma layers whose norms a timestep embedding modulates.
+    from transformers.models.pi05.modeling_pi05 import PI05ActionExpertModel
+
+    return PI05ActionExpertModel(transformers.GemmaConfig(**G))
+
+
 def _causal(model_cls, config_cls, **kw):
     return lambda: getattr(transformers, model_cls)(getattr(transformers, config_cls)(**{**G, **kw}))
 
@@ -123,6 +130,7 @@ MODELS = {
     "pixtral": (_pixtral, "vision", "PixtralMLP", 2),
     "gte": (_gte(), "causal", "GteMLP", 2),
     "zamba": (_zamba, "causal", "ZambaMLP", 2),
+    "pi05": (_pi05_expert, "expert", "PI05MLP", 2),
     "modernbert": (_modernbert(mlp_bias=True), "causal", "ModernBertMLP", 2),
     "modernbert_decoder": (_modernbert("ModernBertDecoderForCausalLM", "ModernBertDecoderConfig"), "causal",
                            "ModernBertDecoderMLP", 2),
@@ -146,6 +154,9 @@ def _inputs(kind, device, dtype, seed=1):
     if kind == "seq2seq":
         return {"input_ids": torch.randint(0, 128, (2, 8), generator=g).to(device),
                 "decoder_input_ids": torch.randint(0, 128, (2, 5), generator=g).to(device)}
+    if kind == "expert":
+        return {"inputs_embeds": torch.randn(2, 8, G["hidden_size"], generator=g).to(device, dtype),
+                "timestep_embeds": torch.randn(2, G["hidden_size"], generator=g).to(device, dtype)}
     return {"pixel_values": torch.randn(1, 3, 32, 32, generator=g).to(device, dtype),
             "image_sizes": torch.tensor([[32, 32]], device=device)}
 
@@ -342,7 +353,8 @@ def _grads(model, inputs, weight):
     return {n: p.grad for n, p in model.named_parameters() if p.grad is not None}
 
 
-@pytest.mark.parametrize("family", ["gemma", "recurrent_gemma", "t5", "t5gemma", "pixtral", "modernbert", "zamba"])
+@pytest.mark.parametrize("family", ["gemma", "recurrent_gemma", "t5", "t5gemma", "pixtral", "modernbert", "zamba",
+                                    "pi05"])
 def test_training_gradients_match(family, device, kernel):
     model, kind, cls_name, count = _build(family, device)
     model.train()  # every config here has dropout 0, so train and eval compute the same

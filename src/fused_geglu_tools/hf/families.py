@@ -111,6 +111,8 @@ FAMILIES: tuple[Family, ...] = (
     _gud("gte", "gte", "GteMLP", "layers[i].mlp",
          notes="exact GELU; biased down_proj; dropout between GeGLU and down_proj, run by the layer in training"),
     _gud("zamba", "zamba", "ZambaMLP", "model.layers[i].shared_transf.feed_forward", notes="exact GELU"),
+    _gud("pi05", "pi05", "PI05MLP", "model.dit.layers[i].mlp",
+         notes="the π0.5 policy's Gemma action expert (transformers 5.25+); its PaliGemma LM is the gemma family"),
     _t5("t5", "t5", "T5DenseGatedActDense", notes="feed_forward_proj='gated-gelu'; wo kept in fp32"),
     _t5("mt5", "mt5", "MT5DenseGatedActDense", notes="wo kept in fp32"),
     _t5("umt5", "umt5", "UMT5DenseGatedActDense", notes="wo kept in fp32"),
