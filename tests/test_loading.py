@@ -13,6 +13,11 @@ import torch
 
 from conftest import REPO_ID, VERSION
 
+# The `kernels` console script's entry point, run with this Python (works for --target installs too;
+# kernels 0.19 moved it from kernels.cli to kernels._internals.cli).
+KERNELS_CLI = [sys.executable, "-c", "import sys; from importlib.metadata import entry_points as e; "
+               "sys.exit(next(iter(e(group='console_scripts', name='kernels'))).load()())"]
+
 
 def test_get_kernel_from_staged_cache(kernel, hub_cache):
     assert kernel.__name__.startswith("_fused_geglu_")
@@ -62,22 +67,80 @@ def test_local_kernels_override(build_dir):
 
 def test_kernels_info_cli(hub_cache, build_dir):
     """`kernels info` on the local checkout and, offline, on the staged Hub snapshot."""
-    # The `kernels` console script's entry point, run with this Python (works for --target installs too;
-    # kernels 0.19 moved it from kernels.cli to kernels._internals.cli).
-    cli = [sys.executable, "-c", "import sys; from importlib.metadata import entry_points as e; "
-           "sys.exit(next(iter(e(group='console_scripts', name='kernels'))).load()())"]
     # kernels 0.17.2's `info` on a repo id lists the Hub tree even with HF_HUB_OFFLINE=1, so offline
     # it is pointed at the staged snapshot folder (a repo with build/), which is what the cache holds.
     repo_dir = hub_cache / ("kernels--" + REPO_ID.replace("/", "--"))
     snapshot = repo_dir / "snapshots" / (repo_dir / "refs" / f"v{VERSION}").read_text().strip()
     for target in ([str(build_dir.parent)], [str(snapshot)]):
-        proc = subprocess.run([*cli, "info", *target, "--json"], capture_output=True, text=True)
+        proc = subprocess.run([*KERNELS_CLI, "info", *target, "--json"], capture_output=True, text=True)
         if "ModuleNotFoundError" in proc.stderr and "kernels" not in proc.stderr.splitlines()[-1]:
             # The GPU machine's wheels carry kernels without its CLI's own dependencies (cryptography).
             pytest.skip(f"the kernels CLI cannot import its dependencies here: {proc.stderr.splitlines()[-1]}")
         assert proc.returncode == 0, f"kernels info {target}: {proc.stderr[-2000:]}"
         info = json.loads(proc.stdout)
         assert "fused-geglu" in json.dumps(info), info
+
+
+
+def _as_written(sig) -> str:
+    """A signature as its ``def`` line reads (the kernel's modules keep annotations as strings: PEP 563)."""
+    import inspect
+
+    def annotation(a):
+        return a if isinstance(a, str) else inspect.formatannotation(a)
+
+    params, star = [], False
+    for p in sig.parameters.values():
+        if p.kind is p.KEYWORD_ONLY and not star:
+            params.append("*")
+        star = star or p.kind in (p.KEYWORD_ONLY, p.VAR_POSITIONAL)
+        text = {p.VAR_POSITIONAL: "*", p.VAR_KEYWORD: "**"}.get(p.kind, "") + p.name
+        if p.annotation is not p.empty:
+            text += f": {annotation(p.annotation)}"
+        if p.default is not p.empty:
+            text += f"={p.default!r}"
+        params.append(text)
+    ret = "" if sig.return_annotation is sig.empty else f" -> {annotation(sig.return_annotation)}"
+    return f"({', '.join(params)}){ret}"
+
+
+def test_symbols_json_describes_the_loaded_kernel(kernel, hub_cache, build_dir):
+    """Each variant's symbols.json (read from the sources at build time) says what the imported kernel has:
+    the functions of ``__all__`` with their real signatures, the layers with their real flags. kernels
+    0.19's ``describe-api`` reads it from the build and from the staged Hub snapshot."""
+    import inspect
+
+    from fused_geglu_tools.public_api import SYMBOLS
+    from fused_geglu_tools.verify import find_variants
+
+    per_variant = {v.name: json.loads((v / SYMBOLS).read_text()) for v in find_variants(build_dir)}
+    symbols = next(iter(per_variant.values()))
+    assert all(s == symbols for s in per_variant.values()), "variants disagree on their symbols.json"
+    assert [f["name"] for f in symbols["functions"]] == [
+        n for n in kernel.__all__ if not inspect.ismodule(getattr(kernel, n))]
+    for entry in symbols["functions"]:
+        assert entry["signature"] == _as_written(inspect.signature(getattr(kernel, entry["name"]))), entry
+    assert {layer["name"]: layer["attributes"] for layer in symbols["layers"]} == {
+        name: {"has_backward": cls.has_backward, "can_torch_compile": cls.can_torch_compile}
+        for name, cls in vars(kernel.layers).items()
+        if isinstance(cls, type) and issubclass(cls, torch.nn.Module) and cls.__module__ == kernel.layers.__name__
+        and not name.startswith("_")}
+
+
+def test_kernels_describe_api_reads_symbols_json(hub_cache, build_dir):
+    """kernels 0.19's ``describe-api`` on the local build and on the staged Hub snapshot, offline."""
+    from fused_geglu_tools.public_api import SYMBOLS
+
+    symbols = json.loads((next(build_dir.glob(f"*/{SYMBOLS}"))).read_text())
+    repo_dir = hub_cache / ("kernels--" + REPO_ID.replace("/", "--"))
+    snapshot = repo_dir / "snapshots" / (repo_dir / "refs" / f"v{VERSION}").read_text().strip()
+    for target in (build_dir.parent, snapshot):
+        proc = subprocess.run([*KERNELS_CLI, "describe-api", str(target), "--json"], capture_output=True, text=True)
+        if "invalid choice: 'describe-api'" in proc.stderr:
+            pytest.skip(f"kernels {kernels.__version__} has no describe-api (added in 0.19)")
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        described = json.loads(proc.stdout)
+        assert (described["functions"], described["layers"]) == (symbols["functions"], symbols["layers"]), target
 
 
 def test_loaded_variant_offers_every_backend_this_machine_has(kernel, device):

@@ -13,7 +13,7 @@ from types import SimpleNamespace
 import pytest
 
 from conftest import REPO_CACHE_DIR, REPO_ID, VERSION
-from fused_geglu_tools import card, digest, publish, verify
+from fused_geglu_tools import card, digest, public_api, publish, verify
 
 BRANCH = f"v{VERSION}"  # the branch publish writes: build.toml's version
 CLEAN = {"commit": "0123456789abcdef0123456789abcdef01234567", "dirty": False}
@@ -53,7 +53,7 @@ def clean_build(build_dir, tmp_path) -> Path:
 
 @pytest.fixture
 def api_names(clean_build) -> list[str]:
-    return card.variant_api(verify.find_variants(clean_build)[0])
+    return public_api.variant_api(verify.find_variants(clean_build)[0])
 
 
 def dry_run(repo_root, build, out, *extra) -> int:
@@ -92,12 +92,12 @@ def test_card_lists_the_api_layers_and_version(repo_root, clean_build, tmp_path,
     assert dry_run(repo_root, clean_build, tmp_path / "dry") == publish.EXIT_OK
     readme = (tmp_path / "dry" / "main" / "README.md").read_text()
     assert "layers" in api_names
-    modules = card.exported_modules(verify.find_variants(clean_build)[0])
+    modules = public_api.exported_modules(verify.find_variants(clean_build)[0])
     assert modules == {"layers", "reference"}, modules
     for name in api_names:
         if name not in modules:  # the functions; the exported submodules are not listed as functions
             assert f"- `{name}`" in readme
-    layers = card.read_layers(verify.find_variants(clean_build)[0])
+    layers = public_api.read_layers(verify.find_variants(clean_build)[0])
     assert layers, "the kernel should define at least one layer"
     for layer in layers:
         assert f"- `{layer}`" in readme
@@ -296,13 +296,13 @@ def test_publish_needs_the_network(repo_root, clean_build, capsys):
 def test_read_all_is_static_and_strict(tmp_path):
     init = tmp_path / "__init__.py"
     init.write_text("import torch\n__all__ = ['a', 'layers']\n__all__ += ('b',)\n")
-    assert card.read_all(init) == ["a", "layers", "b"]
+    assert public_api.read_all(init) == ["a", "layers", "b"]
     init.write_text("__all__ = [n for n in dir()]\n")
-    with pytest.raises(card.CardError, match="literal list"):
-        card.read_all(init)
+    with pytest.raises(public_api.ApiError, match="literal list"):
+        public_api.read_all(init)
     init.write_text("x = 1\n")
-    with pytest.raises(card.CardError, match="no __all__"):
-        card.read_all(init)
+    with pytest.raises(public_api.ApiError, match="no __all__"):
+        public_api.read_all(init)
 
 
 def test_read_layers_finds_module_subclasses(tmp_path):
@@ -314,8 +314,37 @@ def test_read_layers_finds_module_subclasses(tmp_path):
         "class Config:\n    pass\n"
         "class Linear(torch.nn.Module):\n    pass\n"
     )
-    assert card.read_layers(tmp_path) == ["GeGLUMLP", "GeGLUMLPTanh", "Linear"]
+    assert public_api.read_layers(tmp_path) == ["GeGLUMLP", "GeGLUMLPTanh", "Linear"]
 
+
+
+def test_symbols_read_layer_flags_and_signatures_without_importing(tmp_path):
+    (tmp_path / "__init__.py").write_text(
+        "from . import layers\nfrom .ops import act\nfrom .ops import helper as aid\n"
+        "__all__ = ['act', 'aid', 'layers']\n")
+    (tmp_path / "ops.py").write_text(
+        "import torch\n"
+        "def act(x: torch.Tensor, approximate: str = 'none') -> torch.Tensor:\n"
+        "    \"\"\"First line\n    continues here.\n\n    Details.\"\"\"\n"
+        "def helper(x):\n    return x\n")
+    (tmp_path / "layers.py").write_text(
+        "from torch import nn\n"
+        "class Base(nn.Module):\n    \"\"\"A layer.\"\"\"\n    has_backward = True\n    can_torch_compile: bool = False\n"
+        "class Child(Base):\n    can_torch_compile = True\n"
+        "class Bare(nn.Module):\n    pass\n")
+    got = public_api.symbols(tmp_path)
+    assert got["schema_version"] == 1
+    assert got["functions"] == [
+        {"name": "act", "signature": "(x: torch.Tensor, approximate: str='none') -> torch.Tensor",
+         "doc": "First line continues here."},
+        {"name": "aid", "signature": "(x)", "doc": None}]
+    assert got["layers"] == [
+        {"name": "Base", "attributes": {"has_backward": True, "can_torch_compile": False}, "doc": "A layer."},
+        {"name": "Child", "attributes": {"has_backward": True, "can_torch_compile": True}, "doc": None},
+        {"name": "Bare", "attributes": {"has_backward": None, "can_torch_compile": None}, "doc": None}]
+    (tmp_path / "layers.py").write_text("from torch import nn\nclass L(nn.Module):\n    has_backward = 1 == 1\n")
+    with pytest.raises(public_api.ApiError, match="L.has_backward must be a literal"):
+        public_api.symbols(tmp_path)
 
 def _repo_copy(repo_root: Path, dst: Path) -> Path:
     dst.mkdir()

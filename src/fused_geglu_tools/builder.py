@@ -23,6 +23,7 @@ from . import __version__, templates, toolchain
 from .buildconfig import BuildConfig, KernelSection, load_build_config
 from .gitid import SourceIdentity, source_identity
 from .metadata import write_metadata
+from .public_api import write_symbols
 from .variants import Variant
 
 
@@ -295,6 +296,7 @@ def build_variant(cfg: BuildConfig, plan: Plan, ident: SourceIdentity, tc, out_r
             work.mkdir()
             archs = _compile_shared_object(cfg, plan, tc, ops_id, work, stage / f"{ops_id}.abi3.so")
             (stage / "_ops.py").write_text(templates.COMPILED_OPS_PY.format(ops_id=ops_id))
+        write_symbols(stage)  # kernels describe-api reads it; written first so the digest covers it
         write_metadata(stage, cfg, variant, ops_id, ident, archs, builder_version=__version__)
         if final.exists():
             shutil.rmtree(final)

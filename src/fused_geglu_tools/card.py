@@ -19,113 +19,20 @@ card template written for one renders with the other as far as those variables g
 
 from __future__ import annotations
 
-import ast
 import json
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 
 from .buildconfig import BuildConfigError, hub_repo_id
+from .public_api import ApiError, exported_modules, read_layers, variant_api
 from .verify import find_variants, read_metadata
 
 CARD_TEMPLATE = "CARD.md"
 
 
-class CardError(ValueError):
+class CardError(ApiError):
     """The card cannot be rendered truthfully (unreadable ``__all__``, variants disagree, ...)."""
-
-
-# --- the public API, read statically -------------------------------------------------------------
-
-
-def read_all(init_py: Path) -> list[str]:
-    """The names of ``__all__`` in ``init_py``, in order, without importing it.
-
-    Accepts ``__all__ = [...]`` / ``(...)`` (also annotated) and ``__all__ += [...]`` with string
-    literals only; anything computed raises :class:`CardError`, since the card (and the version
-    check of ``publish``) must not guess the API.
-    """
-    tree = ast.parse(Path(init_py).read_text(), filename=str(init_py))
-    names: list[str] | None = None
-    for node in tree.body:
-        if isinstance(node, (ast.Assign, ast.AnnAssign)):
-            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
-            if any(isinstance(t, ast.Name) and t.id == "__all__" for t in targets):
-                names = _literal_names(node.value, init_py)
-        elif isinstance(node, ast.AugAssign) and isinstance(node.target, ast.Name) and node.target.id == "__all__":
-            if names is None:
-                raise CardError(f"{init_py}: `__all__ +=` before `__all__ =`")
-            names += _literal_names(node.value, init_py)
-    if names is None:
-        raise CardError(f"{init_py} defines no __all__ (the kernel's public API)")
-    return names
-
-
-def _literal_names(value: ast.expr | None, where: Path) -> list[str]:
-    if isinstance(value, (ast.List, ast.Tuple)) and all(
-        isinstance(e, ast.Constant) and isinstance(e.value, str) for e in value.elts
-    ):
-        return [e.value for e in value.elts]
-    raise CardError(f"{where}: __all__ must be a literal list of strings to be read without importing the kernel")
-
-
-def read_layers(variant_dir: Path) -> list[str]:
-    """Names of the public ``nn.Module`` subclasses the variant's ``layers`` module defines.
-
-    A class counts when a base is ``nn.Module`` / ``torch.nn.Module`` / ``Module`` or another
-    counted class of the same module (so ``class GeGLUMLPTanh(GeGLUMLP)`` counts). For a
-    ``layers/`` package, names ``__init__.py`` imports from its submodules are followed one level.
-    """
-    variant_dir = Path(variant_dir)
-    if (variant_dir / "layers.py").is_file():
-        return _module_layers(variant_dir / "layers.py")
-    package = variant_dir / "layers" / "__init__.py"
-    if not package.is_file():
-        return []
-    found = _module_layers(package)
-    tree = ast.parse(package.read_text(), filename=str(package))
-    for node in tree.body:
-        if isinstance(node, ast.ImportFrom) and node.level == 1 and node.module:
-            sub = package.parent / (node.module.replace(".", "/") + ".py")
-            if sub.is_file():
-                sub_layers = set(_module_layers(sub))
-                found += [a.asname or a.name for a in node.names if a.name in sub_layers]
-    return sorted(set(found), key=found.index)
-
-
-def _module_layers(path: Path) -> list[str]:
-    tree = ast.parse(path.read_text(), filename=str(path))
-    layers: list[str] = []
-    for node in tree.body:
-        if not isinstance(node, ast.ClassDef) or node.name.startswith("_"):
-            continue
-        if any(_is_module_base(b) or (isinstance(b, ast.Name) and b.id in layers) for b in node.bases):
-            layers.append(node.name)
-    return layers
-
-
-def _is_module_base(base: ast.expr) -> bool:
-    return ast.unparse(base) in {"nn.Module", "torch.nn.Module", "Module"}
-
-
-def variant_api(variant_dir: Path) -> list[str]:
-    init_py = Path(variant_dir) / "__init__.py"
-    if not init_py.is_file():
-        raise CardError(f"{variant_dir} has no __init__.py")
-    return read_all(init_py)
-
-
-def exported_modules(variant_dir: Path) -> set[str]:
-    """Names the variant's ``__init__.py`` binds to submodules (``from . import layers, reference``).
-    (A name such as ``geglu``, imported as ``from .geglu import geglu``, is the function.)"""
-    tree = ast.parse((Path(variant_dir) / "__init__.py").read_text())
-    return {(a.asname or a.name) for node in ast.walk(tree)
-            if isinstance(node, ast.ImportFrom) and node.module is None and node.level == 1 for a in node.names}
-
-
-def tree_api(build_dir: Path) -> dict[str, list[str]]:
-    """``{variant: __all__}`` for every variant under ``build_dir``."""
-    return {v.name: variant_api(v) for v in find_variants(build_dir)}
 
 
 # --- benchmarks ----------------------------------------------------------------------------------

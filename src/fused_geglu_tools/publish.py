@@ -33,7 +33,7 @@ import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import card, verify
+from . import card, public_api, verify
 from .buildconfig import hub_repo_id
 
 REPO_TYPE = "kernel"
@@ -156,7 +156,7 @@ def local_branch_state(path: Path) -> BranchState:
     variants = verify.find_variants(path)
     if not variants:
         raise ValueError(f"--compare-to {path}: no variant (folder with metadata.json) there")
-    return BranchState(exists=True, apis={v.name: card.variant_api(v) for v in variants}, source=str(path))
+    return BranchState(exists=True, apis={v.name: public_api.variant_api(v) for v in variants}, source=str(path))
 
 
 def hub_branch_state(api, repo_id: str, branch: str) -> BranchState:
@@ -174,7 +174,7 @@ def hub_branch_state(api, repo_id: str, branch: str) -> BranchState:
     apis = {}
     for f in inits:
         local = api.hf_hub_download(repo_id, filename=f, revision=branch, repo_type=REPO_TYPE)
-        apis[f.split("/")[1]] = card.read_all(Path(local))
+        apis[f.split("/")[1]] = public_api.read_all(Path(local))
     return BranchState(exists=True, apis=apis, source=f"hub {repo_id}@{branch}")
 
 
@@ -240,7 +240,7 @@ def prepare(
         raise ValueError(f"{Path(repo_root) / card.CARD_TEMPLATE} does not exist")
     branch = f"v{version}"
     reports = check_build(build_dir, general, allow_dirty=allow_dirty)
-    new_apis = card.tree_api(build_dir)
+    new_apis = public_api.tree_api(build_dir)
     notes = []
     if current is None:
         notes.append(f"branch {branch} not compared (dry run without --compare-to): API/variant checks skipped")
@@ -324,7 +324,7 @@ def main(argv: list[str], *, api=None) -> int:
         for reason in e.reasons:
             print(f"  - {reason}", file=sys.stderr)
         return EXIT_REFUSED
-    except (ValueError, card.CardError) as e:
+    except ValueError as e:  # card.CardError and public_api.ApiError are ValueErrors
         print(f"fused-geglu publish: {e}", file=sys.stderr)
         return EXIT_USAGE
 
