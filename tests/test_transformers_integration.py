@@ -20,6 +20,7 @@ import torch
 from torch import nn
 
 transformers = pytest.importorskip("transformers")
+import kernels  # noqa: E402
 from kernels import Mode  # noqa: E402
 
 import _numerics  # noqa: E402
@@ -604,6 +605,36 @@ def test_kernelize_leaves_no_global_state_and_foreign_forwards_alone(device, ker
         fgt.kernelize(model)
         assert fgt.is_kernel_forward(model.model.layers[0].mlp)
     assert not fgt.is_kernel_forward(model.model.layers[0].mlp)
+
+
+
+@pytest.mark.skipif(not hasattr(kernels, "get_kernelized_layers"), reason="kernels < 0.19 records no repository")
+def test_kernels_reports_exactly_the_modules_running_the_kernel(device, kernel):
+    """kernels 0.19's ``get_kernelized_layers`` lists the modules whose forward is the kernel's, with our
+    repository, through every way forwards are put back: a refused module, ``unkernelize``, the exit of
+    ``preserve_forwards``; and a module another mapping kernelized keeps its entry through ours."""
+    from kernels import LayerRepository
+
+    model, kind, cls_name, count = _build("gemma", device)
+    model.model.layers[1].mlp.act_fn.register_forward_hook(lambda *args: None)  # refused: hooked activation
+    fgt.kernelize(model)
+    reported = kernels.get_kernelized_layers(model).layers
+    assert sorted(reported) == ["model.layers.0.mlp"]
+    assert reported["model.layers.0.mlp"].repo.layer_name == "GeGLUMLP"
+    assert fgt.unkernelize(model) == 1 and not kernels.get_kernelized_layers(model).layers
+
+    model, *_ = _build("gemma", device)
+    with fgt.preserve_forwards(model):
+        fgt.kernelize(model)
+        assert len(kernels.get_kernelized_layers(model).layers) == count
+    assert not kernels.get_kernelized_layers(model).layers
+
+    foreign = model.model.layers[0].input_layernorm  # as if another kernel's mapping had replaced it
+    foreign.__dict__["forward"] = type(foreign).forward.__get__(foreign)
+    foreign.__dict__["_kernel_repo"] = repo = LayerRepository(repo_id="org/other", layer_name="RMSNorm", version=1)
+    fgt.kernelize(model)
+    reported = kernels.get_kernelized_layers(model).layers
+    assert reported["model.layers.0.input_layernorm"].repo is repo and len(reported) == count + 1
 
 
 # --- torch.compile -------------------------------------------------------------------------------------

@@ -97,15 +97,30 @@ def preserve_forwards(model: nn.Module) -> Iterator[None]:
     An "unkernelize" for tests and experiments: whatever kernelize does inside the block is
     undone, including the instance ``forward`` that kernels sets on modules it leaves original.
     """
-    saved = [(m, m.__dict__.get("forward", _MISSING)) for m in _modules_and_funcs(model)]
+    saved = [(m, _kernels_state(m)) for m in _modules_and_funcs(model)]
     try:
         yield
     finally:
-        for module, fwd in saved:
-            if fwd is _MISSING:
-                module.__dict__.pop("forward", None)
-            else:
-                module.__dict__["forward"] = fwd
+        for module, state in saved:
+            _restore_kernels_state(module, state)
+
+
+# What kernelize sets on an instance: its forward, and since kernels 0.19 the repository the forward came
+# from (``_kernel_repo``, which ``kernels.get_kernelized_layers`` reports). Restored together, or a module
+# running its class forward would still be reported as kernelized.
+_KERNELS_INSTANCE_ATTRS = ("forward", "_kernel_repo")
+
+
+def _kernels_state(module: nn.Module) -> tuple:
+    return tuple(module.__dict__.get(name, _MISSING) for name in _KERNELS_INSTANCE_ATTRS)
+
+
+def _restore_kernels_state(module: nn.Module, state: tuple) -> None:
+    for name, value in zip(_KERNELS_INSTANCE_ATTRS, state):
+        if value is _MISSING:
+            module.__dict__.pop(name, None)
+        else:
+            module.__dict__[name] = value
 
 
 def unkernelize(model: nn.Module) -> int:
@@ -161,8 +176,7 @@ def kernelize(model: nn.Module, *, mode: Mode | None = None, device: str | torch
                 family = marked_classes[cls]
                 candidates.append((name, module, cls, family, marking.class_refusal(module, cls, family)))
         candidate_ids = {id(m) for _, m, *_ in candidates}
-        others = [(m, m.__dict__.get("forward", _MISSING)) for m in _modules_and_funcs(model)
-                  if id(m) not in candidate_ids]
+        others = [(m, _kernels_state(m)) for m in _modules_and_funcs(model) if id(m) not in candidate_ids]
 
         log_filter = _DropForeignNoMapping(set(mapping))
         kernels_logger = logging.getLogger(kernels_internals.layer_logger_name())
@@ -172,11 +186,8 @@ def kernelize(model: nn.Module, *, mode: Mode | None = None, device: str | torch
                 _kernels_kernelize(model, mode=mode, device=device_type, use_fallback=use_fallback)
         finally:
             kernels_logger.removeFilter(log_filter)
-            for module, fwd in others:  # kernels reset them to their class forward: undo that
-                if fwd is _MISSING:
-                    module.__dict__.pop("forward", None)
-                else:
-                    module.__dict__["forward"] = fwd
+            for module, state in others:  # kernels reset them to their class forward: undo that
+                _restore_kernels_state(module, state)
     finally:
         for cls in marked_classes:
             if cls not in already:

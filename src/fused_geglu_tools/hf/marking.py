@@ -39,9 +39,11 @@ def is_kernel_forward(module: nn.Module) -> bool:
 
 
 def restore_forward(module: nn.Module) -> bool:
-    """Drop a fused-geglu instance ``forward`` so the class's runs again; True if there was one."""
+    """Drop a fused-geglu instance ``forward`` (and the repository kernels 0.19 records beside it) so the
+    class's runs again; True if there was one."""
     if is_kernel_forward(module):
         del module.__dict__["forward"]
+        module.__dict__.pop("_kernel_repo", None)
         return True
     return False
 
