@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One device call on the H200 (torch 2.11+cu130, triton 3.6, no package index): install the carried
-# wheels (.whl/, from ../shared/tools/device-wheels.sh), build the torch211-cxx11-cu130 variant
+# wheels (.whl/, from benchmarks/device_wheels.sh), build the torch211-cxx11-cu130 variant
 # with the project's builder, stage it, then run the phases asked for, writing logs under $OUT.
 #   bash benchmarks/h200_session.sh build test selftest        # correctness
 #   bash benchmarks/h200_session.sh build bench                # the side-by-side harness
