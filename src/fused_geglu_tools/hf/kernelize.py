@@ -139,7 +139,7 @@ def _modules_and_funcs(model: nn.Module) -> list[nn.Module]:
 
 
 def kernelize(model: nn.Module, *, mode: Mode | None = None, device: str | torch.device | None = None,
-              source: Source = "hub", linear_bias: bool = False, use_fallback: bool = True,
+              source: Source = "hub", linear_bias: bool = False, use_fallback: bool | object = True,
               **repo_kwargs) -> KernelizeReport:
     """Replace the forward of every GeGLU MLP in ``model`` the kernel computes exactly; report.
 
@@ -152,7 +152,8 @@ def kernelize(model: nn.Module, *, mode: Mode | None = None, device: str | torch
             ``lockfile``, ``build_dir``, ``repo_id``, ``trust_remote_code``.
         linear_bias: also replace plain ``nn.Linear`` modules that have a bias.
         use_fallback: passed to ``kernels.kernelize`` (True: keep the original forward when there
-            is no mapping for the device/mode instead of raising).
+            is no mapping for the device/mode instead of raising). Passed as given, so kernels 0.19's
+            ``kernels.KernelizeFallback`` flags work too.
 
     The kernel forward stays in place across ``model.train()`` / ``model.eval()`` (every layer
     has a backward). Call again after switching modes to re-check mode-dependent refusals
