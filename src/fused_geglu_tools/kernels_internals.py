@@ -37,4 +37,3 @@ def validate_layer() -> Callable:
 def parse_variant() -> Callable:
     """kernels' parser of a ``build/<variant>`` folder name (raises ``ValueError`` on one it rejects)."""
     return _module("variants").parse_variant
-

@@ -139,7 +139,7 @@ def _modules_and_funcs(model: nn.Module) -> list[nn.Module]:
 
 
 def kernelize(model: nn.Module, *, mode: Mode | None = None, device: str | torch.device | None = None,
-              source: Source = "hub", linear_bias: bool = False, use_fallback: bool | object = True,
+              source: Source = "hub", linear_bias: bool = False, use_fallback: bool = True,
               **repo_kwargs) -> KernelizeReport:
     """Replace the forward of every GeGLU MLP in ``model`` the kernel computes exactly; report.
 
