@@ -218,6 +218,19 @@ def test_unavailable_backend_is_refused(kernel, device):
         kernel.geglu(g, g, backend=missing[0])
 
 
+def test_auto_on_cpu_tensors_never_picks_the_triton_interpreter(kernel):
+    """On CPU tensors ``auto`` runs the compiled CPU kernels, or ATen in a variant without them (torch-cpu,
+    the CUDA variants), even where TRITON_INTERPRET=1 makes Triton available there (the tests set it):
+    the interpreter is a debugging aid, run only when asked for by name. Until 2026-12-05 a variant
+    without compiled CPU kernels fell through to it, in geglu and in linear (garbage in bf16)."""
+    want = "cpu" if "cpu" in kernel.available_backends(torch.device("cpu")) else "torch"
+    g, u = randn(5, 24), randn(5, 24)
+    kernel.geglu(g, u)
+    assert kernel.last_backend("geglu") == want
+    kernel.gelu_and_mul(torch.empty_like(g), torch.cat([g, u], -1))
+    assert kernel.last_backend("gelu_and_mul") == want
+
+
 def test_env_var_forces_backend(kernel, device, monkeypatch):
     g = randn(4, 6, device=device)
     monkeypatch.setenv("FUSED_GEGLU_BACKEND", "torch")

@@ -95,6 +95,12 @@ def _available(device_type: str) -> tuple[str, ...]:
     return tuple(out)
 
 
+# What ``auto`` falls back to where no measured rule decides, fastest first, per device type. Not Triton
+# on CPU tensors: there it is only its interpreter (TRITON_INTERPRET=1), a debugging aid that runs when
+# asked for by name.
+AUTO_ORDER = {"cuda": ("cuda", "triton", "torch"), "cpu": ("cpu", "torch")}
+
+
 def available_backends(device) -> list[str]:
     """Backends that can run on ``device`` in this variant, fastest-first."""
     return list(_available(device.type if isinstance(device, torch.device) else torch.device(device).type))

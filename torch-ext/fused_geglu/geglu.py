@@ -46,7 +46,7 @@ def _pick_uncached(device: torch.device, backend: str, direction: str, numel: in
             choice = backend_for(_POLICY_OP[direction], device, "cuda", numel=numel, dense=int(dense))
             if _dispatch.has_backend(device, choice):
                 return choice
-        for cand in ("cuda", "cpu", "triton", "torch"):
+        for cand in _dispatch.AUTO_ORDER.get(device.type, ("torch",)):
             if _dispatch.has_backend(device, cand):
                 return cand
     _dispatch.check_available("geglu", device, backend)

@@ -77,10 +77,12 @@ def _pick_uncached(device: torch.device, backend: str, activation: str, m: int, 
                 choice = "torch"
             if _dispatch.has_backend(device, choice):
                 return choice
-        # CPU tensors: the compiled CPU backend first, as every other op does. Triton on CPU is only its
-        # interpreter (TRITON_INTERPRET=1, a debugging aid: slow, and Triton's interpreter mis-computes
-        # bf16 tl.dot), so it runs there only when asked for by name. CUDA has no "cpu": unchanged.
-        for cand in ("cpu", "triton", "torch"):
+        # CPU tensors: the compiled CPU backend, else ATen, as every other op does. Triton on CPU is only
+        # its interpreter (TRITON_INTERPRET=1, a debugging aid: slow, and Triton's interpreter mis-computes
+        # bf16 tl.dot), so it runs there only when asked for by name: a variant with no compiled CPU
+        # backend (torch-cpu, the CUDA ones) used to reach it here and return garbage in bf16. CUDA
+        # tensors whose measured pick is missing: Triton, else ATen ("cuda" is cuBLASLt, never a fallback).
+        for cand in ("cpu", "torch") if device.type == "cpu" else ("triton", "torch"):
             if _dispatch.has_backend(device, cand):
                 return cand
     if backend == "cuda":
