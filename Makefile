@@ -37,9 +37,23 @@ build: $(SETUP)
 stage: build
 	$(FG) stage
 
-# pytest's exit code 5 (no tests collected) is a failure here, like any other non-zero code.
+# Two passes. The whole suite against the staged build, which kernels loads as a user's would (this
+# torch's compiled variant); then the kernel-facing files against torch-cpu staged alone, the ATen-only
+# build a CPU torch with no compiled variant loads (2.14, 2.15, ...), Triton-only tests left out (the
+# first pass ran them on the same Python). NOARCH_PASS=0 skips the second pass; NOARCH_PYTEST_ARGS
+# passes arguments to it. pytest's exit code 5 (no tests collected) is a failure here, like any other.
+NOARCH_PASS ?= 1
+NOARCH_TESTS := $(addprefix tests/test_,geglu.py linear.py mlp.py layers.py loading.py transformers_integration.py \
+	training_nodes.py autograd_contract.py compile.py eager_entries.py fsdp.py tensor_parallel.py)
+NOARCH_PYTEST_ARGS ?=
+
 test: stage
 	$(ENV) $(PY) -m pytest $(PYTEST_ARGS)
+ifneq ($(NOARCH_PASS),0)
+	$(FG) stage --variants torch-cpu --cache $(CURDIR)/.hub-cache-noarch
+	FUSED_GEGLU_TEST_NOARCH=1 FUSED_GEGLU_TEST_CACHE=$(CURDIR)/.hub-cache-noarch \
+		$(ENV) $(PY) -m pytest -k "not triton" $(NOARCH_TESTS) $(NOARCH_PYTEST_ARGS)
+endif
 
 demo: stage
 	$(FG) demo
@@ -48,4 +62,4 @@ bench: $(SETUP)
 	$(FG) bench $(BENCH_ARGS)
 
 clean:
-	rm -rf build .hub-cache
+	rm -rf build .hub-cache .hub-cache-noarch

@@ -33,7 +33,7 @@ def test_variant_names_round_trip_over_a_grid():
 def test_variant_names_agree_with_the_loader():
     parse_variant = kernels_internals.parse_variant()  # the loader's own parser
 
-    for name in ("torch213-cxx11-cpu-x86_64-linux", "torch211-cxx11-cu130-x86_64-linux", "torch-cuda"):
+    for name in ("torch213-cxx11-cpu-x86_64-linux", "torch211-cxx11-cu130-x86_64-linux", "torch-cuda", "torch-cpu"):
         assert parse_variant(name) is not None, name
 
 
@@ -46,6 +46,9 @@ def test_build_layout_and_metadata(build_dir, repo_root):
     compiled = Variant.for_this_torch("cuda" if torch.version.cuda else "cpu").name
     assert compiled in variants or torch.version.cuda, sorted(variants)  # CUDA builds need nvcc
     assert "torch-cuda" in variants
+    # torch-cpu: the CPU torch versions with no compiled build; built with the cpu backend (not in the
+    # GPU machine's --backends cuda build).
+    assert "torch-cpu" in variants or not any(Variant.parse(n).backend == "cpu" for n in variants), sorted(variants)
     from kernels._rust import Metadata
 
     for name, path in variants.items():
@@ -110,8 +113,11 @@ def test_ops_id_comes_from_the_git_tree(repo_root, build_dir):
                            f"{ident.commit or 'HEAD'}^{{tree}}"], capture_output=True, text=True).stdout.strip()
     if not ident.dirty and tree:  # a copy that does not know its named commit cannot compare
         assert ident.uid == tree[:7]
-    meta = json.loads((build_dir / "torch-cuda" / "metadata.json").read_text())
-    assert meta["id"] == f"_fused_geglu_cuda_{ident.uid}" or meta["provenance"]["kernel"]["dirty"]
+    for name, kind in (("torch-cuda", "cuda_noarch"), ("torch-cpu", "cpu_noarch")):
+        if not (build_dir / name / "metadata.json").is_file():  # a --backends cuda build has no torch-cpu
+            continue
+        meta = json.loads((build_dir / name / "metadata.json").read_text())
+        assert meta["id"] == f"_fused_geglu_{kind}_{ident.uid}" or meta["provenance"]["kernel"]["dirty"]
 
 
 def test_copied_tree_takes_the_commit_it_was_copied_from(tmp_path, monkeypatch):

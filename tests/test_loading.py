@@ -149,6 +149,10 @@ def test_loaded_variant_offers_every_backend_this_machine_has(kernel, device):
     and Triton runs on CUDA tensors, or on CPU ones under TRITON_INTERPRET=1 (conftest sets it)."""
     import importlib.util
 
+    if os.environ.get("FUSED_GEGLU_TEST_NOARCH") == "1":  # `make test`'s second pass, over torch-cpu
+        assert not kernel.HAS_COMPILED_OPS and "_noarch_" in kernel.__name__, kernel.__name__
+        assert set(kernel.available_backends(device)) >= {"torch"}
+        return
     assert kernel.HAS_COMPILED_OPS, f"the loaded variant ({kernel.__name__}) has no compiled ops"
     # The variant's compiled backend, for its own device's tensors: the CUDA variant has no compiled CPU
     # kernels (a CUDA torch on a machine with no GPU loads it, and its CPU tensors get "torch").
@@ -157,3 +161,73 @@ def test_loaded_variant_offers_every_backend_this_machine_has(kernel, device):
     if importlib.util.find_spec("triton") is not None and (device == "cuda" or os.environ.get("TRITON_INTERPRET") == "1"):
         want.add("triton")
     assert want <= set(kernel.available_backends(device)), kernel.available_backends(device)
+
+
+# The builds a release publishes: a full build/ here (the compiled CPU variant of this torch, torch-cpu,
+# torch-cuda; test_builder checks they are built) and the GPU machine's compiled CUDA variant.
+GPU_BUILD = "torch211-cxx11-cu130-x86_64-linux"
+NOARCH_BUILDS = ("torch-cpu", "torch-cuda")
+
+
+@pytest.mark.parametrize("minor", range(9, 17))
+def test_every_torch_version_finds_a_build(build_dir, minor):
+    """kernels' own resolver, asked about torch versions this machine does not have: a CPU torch of any
+    version loads a build (the compiled one of its version where one is published, else the ATen-only
+    torch-cpu), a CUDA torch the compiled CUDA build of its versions, else the Triton torch-cuda. Before
+    torch-cpu existed (2026-12-05) a CPU torch of any version but 2.13 found none: "no compatible variant"."""
+    from fused_geglu_tools.kernels_internals import resolve_for
+    from fused_geglu_tools.variants import Variant
+
+    names = sorted({p.name for p in build_dir.iterdir() if (p / "metadata.json").is_file()} | {GPU_BUILD, *NOARCH_BUILDS})
+    compiled = {(v.backend, v.torch, v.cuda): n for n in names if not (v := Variant.parse(n)).noarch}
+    version = f"2.{minor}"
+    cpu = resolve_for(names, "cpu", version)
+    assert cpu[0] == compiled.get(("cpu", (2, minor), None), "torch-cpu") and cpu[-1] == "torch-cpu", cpu
+    for cuda in ((12, 8), (13, 0)):
+        got = resolve_for(names, "cuda", version, f"{cuda[0]}.{cuda[1]}")
+        assert got[0] == compiled.get(("cuda", (2, minor), cuda), "torch-cuda") and got[-1] == "torch-cuda", got
+
+
+def test_torch_cpu_variant_loads_without_triton(build_dir, tmp_path):
+    """torch-cpu alone, as a CPU torch with no compiled build loads it, in a process where ``triton`` cannot
+    be imported (CPU torch wheels do not bring it): the functions, their gradients and a layer compute
+    against float64. The whole kernel-facing suite runs on it too (`make test`'s second pass)."""
+    if not (build_dir / "torch-cpu" / "metadata.json").is_file():
+        pytest.skip("build/ has no torch-cpu: built with --backends cuda (the GPU machine's script)")
+    repo = tmp_path / "repo"
+    (repo / "build").mkdir(parents=True)
+    import shutil
+
+    shutil.copytree(build_dir / "torch-cpu", repo / "build" / "torch-cpu")
+    code = f"""
+import sys
+sys.modules["triton"] = None  # import triton raises ImportError
+from pathlib import Path
+import kernels, torch, torch.nn.functional as F
+k = kernels.get_local_kernel(Path({str(repo)!r}))
+assert "_cpu_noarch_" in k.__name__ and not k.HAS_COMPILED_OPS, k.__name__
+assert k.available_backends("cpu") == ["torch"], k.available_backends("cpu")
+torch.manual_seed(0)
+x = torch.randn(3, 5, 24, requires_grad=True)
+wg, wu = (torch.randn(40, 24) * 24 ** -0.5).requires_grad_(), (torch.randn(40, 24) * 24 ** -0.5).requires_grad_()
+wd = (torch.randn(24, 40) * 40 ** -0.5).requires_grad_()
+y = k.geglu_mlp(x, wg, wu, wd, approximate="none")
+y.backward(torch.ones_like(y))
+xd, gd, ud, dd = (t.detach().double().requires_grad_() for t in (x, wg, wu, wd))
+r = F.linear(F.gelu(F.linear(xd, gd)) * F.linear(xd, ud), dd)
+r.backward(torch.ones_like(r))
+errs = [float((a - b).abs().max() / b.abs().max()) for a, b in ((y.detach(), r.detach()), (x.grad, xd.grad), (wg.grad, gd.grad), (wd.grad, dd.grad))]
+assert max(errs) < 1e-5, errs
+z = k.linear(x, wd.T.contiguous(), torch.randn(40), activation="gelu_tanh")
+assert z.shape == (3, 5, 40) and k.last_backend("linear") == "torch"
+host = torch.nn.Module()
+host.gate_proj, host.up_proj, host.down_proj = torch.nn.Linear(24, 40, bias=False), torch.nn.Linear(24, 40, bias=False), torch.nn.Linear(40, 24, bias=False)
+host.act_fn = torch.nn.GELU(approximate="tanh")
+eager = host.down_proj(host.act_fn(host.gate_proj(x)) * host.up_proj(x))
+fused = k.layers.GeGLUMLP.forward(host, x)
+assert k.last_backend("geglu_mlp") == "torch+gemm", k.last_backend("geglu_mlp")
+print(float((fused - eager).abs().max()))
+"""
+    proc = _run(code, HF_HUB_OFFLINE="1")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert float(proc.stdout.split()[-1]) < 1e-5

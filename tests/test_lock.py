@@ -192,6 +192,22 @@ def test_snapshot_id_names_paths_and_contents(tmp_path):
     assert stage_build(tmp_path / "build", cache, REPO_ID, BRANCH) == first == staged_ref(cache)
 
 
+def test_stage_can_hold_chosen_variants_only(tmp_path):
+    """``stage --variants torch-cpu`` stages that folder alone (make test's second pass loads it so), and a
+    name that was not built is an error naming it and what was built, not an empty or partial snapshot."""
+    for name in ("torch-cpu", "torch213-cxx11-cpu-x86_64-linux"):
+        (tmp_path / "build" / name).mkdir(parents=True)
+        (tmp_path / "build" / name / "metadata.json").write_text("{}")
+    cache = tmp_path / "cache"
+    sha = stage_build(tmp_path / "build", cache, REPO_ID, BRANCH, variants=["torch-cpu"])
+    staged = lock.cache_repo_dir(cache, REPO_ID) / "snapshots" / sha / "build"
+    assert sorted(p.name for p in staged.iterdir()) == ["torch-cpu"]
+    assert sha != stage_build(tmp_path / "build", cache, REPO_ID, BRANCH)  # all variants: another snapshot
+    with pytest.raises(FileNotFoundError, match=r"torch-rocm \(built: torch-cpu, torch213-cxx11-cpu-x86_64-linux\)"):
+        stage_build(tmp_path / "build", tmp_path / "other", REPO_ID, BRANCH, variants=["torch-cpu", "torch-rocm"])
+    assert not (tmp_path / "other").exists()
+
+
 # --- the lock pins a commit, through a rebuild ---------------------------------------------------
 
 LOAD_SCRIPT = r"""

@@ -41,8 +41,14 @@ class Plan:
     sections: tuple[KernelSection, ...]  # compiled sources; empty for noarch
 
 
-def ops_id_for(cfg: BuildConfig, backend: str, uid: str) -> str:
-    return f"_{cfg.python_name}_{backend}_{uid}"
+def ops_id_for(cfg: BuildConfig, variant: Variant, uid: str) -> str:
+    """The variant's ops id: its Python module name, its torch.ops namespace and metadata.json's "id".
+
+    Unique per build: kernels (0.19) refuses to load a second build under an id that is already loaded,
+    and a noarch variant and the compiled one of the same backend are different builds of one commit
+    (a process can hold both: a staged torch-cpu, then build/'s torch213 for a benchmark)."""
+    kind = f"{variant.backend}_noarch" if variant.noarch else variant.backend
+    return f"_{cfg.python_name}_{kind}_{uid}"
 
 
 def plan_variants(cfg: BuildConfig, tc: toolchain.Toolchain | None, backends: list[str] | None) -> list[Plan]:
@@ -51,8 +57,12 @@ def plan_variants(cfg: BuildConfig, tc: toolchain.Toolchain | None, backends: li
     plans: list[Plan] = []
     for backend in wanted:
         sections = tuple(cfg.kernels_for(backend))
-        if backend == "cpu" and tc is not None and sections:
-            plans.append(Plan(Variant.for_this_torch("cpu"), sections))
+        if backend == "cpu":
+            # ATen-only noarch variant: a CPU torch of a version with no compiled build (2.14, 2.15, ...)
+            # still loads the kernel, its functions and layers; the loader prefers a compiled build.
+            plans.append(Plan(Variant(backend="cpu"), ()))
+            if tc is not None and sections:
+                plans.append(Plan(Variant.for_this_torch("cpu"), sections))
         if backend == "cuda":
             # Triton-only noarch variant: for torch versions with no compiled build.
             plans.append(Plan(Variant(backend="cuda"), ()))
@@ -276,7 +286,7 @@ def _cuda_capabilities(section: KernelSection) -> list[str]:
 
 def build_variant(cfg: BuildConfig, plan: Plan, ident: SourceIdentity, tc, out_root: Path) -> Path:
     variant = plan.variant
-    ops_id = ops_id_for(cfg, variant.backend, ident.uid)
+    ops_id = ops_id_for(cfg, variant, ident.uid)
     final = out_root / variant.name
     _log(f"{variant.name}: ops id {ops_id}")
     t0 = time.monotonic()
@@ -288,9 +298,7 @@ def build_variant(cfg: BuildConfig, plan: Plan, ident: SourceIdentity, tc, out_r
         _copy_package(cfg, stage)
         archs: list[str] = []
         if variant.noarch:
-            (stage / "_ops.py").write_text(
-                templates.NOARCH_OPS_PY.format(python_name=cfg.python_name, uid=ident.uid)
-            )
+            (stage / "_ops.py").write_text(templates.NOARCH_OPS_PY.format(ops_id=ops_id))
         else:
             work = scratch / "obj"
             work.mkdir()

@@ -50,11 +50,14 @@ def _cmd_stage(argv: list[str]) -> int:
     p.add_argument("--cache", type=Path, default=root / ".hub-cache")
     p.add_argument("--repo-id", default=None, help="default: build.toml [general.hub] repo-id")
     p.add_argument("--ref", default=None, help="branch name (default: v<version> from build.toml)")
+    p.add_argument("--variants", nargs="+", metavar="NAME", default=None,
+                   help="stage only these build/ variants (default: all), e.g. torch-cpu")
     args = p.parse_args(argv)
     try:
         repo_id = args.repo_id or hub_repo_id(root)
         ref = args.ref or f"v{hub_version(root)}"
-        sha = stage_build(args.build, args.cache, repo_id, ref, benchmarks_dir=root / "benchmarks")
+        sha = stage_build(args.build, args.cache, repo_id, ref, benchmarks_dir=root / "benchmarks",
+                          variants=args.variants)
     except (FileNotFoundError, BuildConfigError) as exc:
         print(f"fused-geglu stage: error: {exc}", file=sys.stderr)
         return 1

@@ -37,3 +37,21 @@ def validate_layer() -> Callable:
 def parse_variant() -> Callable:
     """kernels' parser of a ``build/<variant>`` folder name (raises ``ValueError`` on one it rejects)."""
     return _module("variants").parse_variant
+
+
+def resolve_for(names: list[str], backend: str, torch_version: str, cuda_version: str | None = None,
+                cpu: str = "x86_64", os: str = "linux") -> list[str]:
+    """The ``build/<variant>`` names kernels would accept on a described machine, best first.
+
+    kernels' own choice (``_resolve_variant_for_system``, the function behind ``get_kernel``), asked about
+    a torch version, backend and CUDA version that need not be the installed ones (a cxx11 Linux torch,
+    no tvm-ffi): which build a user of torch 2.15 loads can be checked on any machine."""
+    from packaging.version import Version
+
+    variants = _module("variants")
+    backends = _module("backends")
+    selected = backends.CPU() if backend == "cpu" else getattr(backends, backend.upper())(version=Version(cuda_version))
+    accepted, _trace = variants._resolve_variant_for_system(
+        variants=[variants.parse_variant(n) for n in names], selected_backend=selected, cpu=cpu, os=os,
+        torch_version=Version(torch_version), torch_cxx11_abi=True, tvm_ffi_version=None)
+    return [v.variant_str for v in accepted]

@@ -25,11 +25,18 @@ def repo_cache_dir(cache_dir: Path, repo_id: str) -> Path:
     return Path(cache_dir) / ("kernels--" + repo_id.replace("/", "--"))
 
 
-def _staged_files(build_dir: Path, benchmarks_dir: Path | None) -> list[tuple[str, Path]]:
+def _staged_files(build_dir: Path, benchmarks_dir: Path | None,
+                  variants: list[str] | None = None) -> list[tuple[str, Path]]:
+    built = sorted(p for p in build_dir.iterdir()
+                   if p.is_dir() and not p.name.startswith(".") and (p / "metadata.json").is_file())
+    if variants is not None:
+        missing = sorted(set(variants) - {p.name for p in built})
+        if missing:
+            raise FileNotFoundError(f"variants not built in {build_dir}: {', '.join(missing)} "
+                                    f"(built: {', '.join(p.name for p in built) or 'none'})")
+        built = [p for p in built if p.name in variants]
     files: list[tuple[str, Path]] = []
-    for variant in sorted(p for p in build_dir.iterdir() if p.is_dir() and not p.name.startswith(".")):
-        if not (variant / "metadata.json").is_file():
-            continue
+    for variant in built:
         for path in sorted(variant.rglob("*")):
             rel = path.relative_to(variant)
             if path.is_file() and "__pycache__" not in rel.parts and path.suffix != ".pyc":
@@ -48,11 +55,13 @@ def snapshot_id(files: list[tuple[str, Path]]) -> str:
 
 
 def stage_build(build_dir: Path, cache_dir: Path, repo_id: str | None = None, ref: str | None = None,
-                benchmarks_dir: Path | None = None) -> str:
+                benchmarks_dir: Path | None = None, variants: list[str] | None = None) -> str:
     """Stage ``build_dir`` into ``cache_dir`` under ``ref``; returns the snapshot id.
 
     ``repo_id`` defaults to ``build.toml``'s ``[general.hub] repo-id`` (:func:`.buildconfig.hub_repo_id`),
     ``ref`` to ``v<version>``, its ``[general] version`` (:func:`.buildconfig.hub_version`).
+    ``variants``: stage only these ``build/`` folders (all by default), for example ``torch-cpu`` alone,
+    what kernels loads for a CPU torch with no compiled build, to test that variant on this machine.
     """
     if repo_id is None:
         from .buildconfig import hub_repo_id
@@ -63,7 +72,7 @@ def stage_build(build_dir: Path, cache_dir: Path, repo_id: str | None = None, re
 
         ref = f"v{hub_version()}"
     build_dir = Path(build_dir)
-    files = _staged_files(build_dir, benchmarks_dir)
+    files = _staged_files(build_dir, benchmarks_dir, variants)
     if not any(rel.startswith("build/") for rel, _ in files):
         raise FileNotFoundError(f"no built variants in {build_dir}: run `fused-geglu build` first")
     sha = snapshot_id(files)
