@@ -165,10 +165,46 @@ def _build(dest, repo_root, *args):
                           capture_output=True, text=True, env=env)
 
 
+def _kernels_reads_edition_6() -> bool:
+    from importlib.metadata import version
+
+    from packaging.version import Version
+
+    return Version(version("kernels")) >= Version("0.18")
+
+
+def test_build_toml_is_in_the_edition_kernel_builder_requires(repo_root):
+    """kernels 0.19's parser (kernel-builder's own) reads edition 5 by upgrading it in memory, with a warning
+    that the Nix builder requires edition 6: flake.nix fetches the current kernel-builder (no lock), so an
+    edition 5 build.toml no longer builds there. Until 2026-12-05 this file was edition 5."""
+    if not _kernels_reads_edition_6():
+        pytest.skip("kernels < 0.18 predates edition 6 (transformers 5.20-5.22 pin 0.17.2)")
+    proc = subprocess.run([sys.executable, "-c", f"from kernels._rust import Build; Build.open({str(repo_root)!r})"],
+                          capture_output=True, text=True)
+    assert proc.returncode == 0 and "edition" not in proc.stderr + proc.stdout, proc.stderr
+
+
+def test_kernel_sections_name_their_language_or_backend(tmp_path):
+    """Edition 6's ``language`` ("cpp-cpu", "cpp-cuda") and edition 5's ``backend`` both give a section's
+    backend; a language this builder cannot compile is an error naming the section."""
+    from fused_geglu_tools.buildconfig import _section_backend
+
+    assert _section_backend("a", {"language": "cpp-cuda"}) == "cuda"
+    assert _section_backend("a", {"language": "cpp-cpu"}) == "cpu"
+    assert _section_backend("a", {"backend": "cpu"}) == "cpu"
+    with pytest.raises(BuildConfigError, match=r"\[kernel.m\]: language = 'cpp-metal'"):
+        _section_backend("m", {"language": "cpp-metal"})
+    with pytest.raises(BuildConfigError, match=r"\[kernel.n\]: no language"):
+        _section_backend("n", {"src": []})
+
+
 def test_invalid_build_toml_fails_the_build(tmp_path, repo_root):
+    if not _kernels_reads_edition_6():
+        pytest.skip("kernels < 0.18 cannot parse edition 6: the builder's own checks stand in (no unknown-key check)")
     _copy_sources(repo_root, tmp_path)
     toml = tmp_path / "build.toml"
-    toml.write_text(toml.read_text().replace("edition = 5", "edition = 5\nbogus-key = 1"))
+    assert "edition = 6" in toml.read_text()
+    toml.write_text(toml.read_text().replace("edition = 6", "edition = 6\nbogus-key = 1"))
     with pytest.raises(BuildConfigError, match="invalid"):
         load_build_config(tmp_path)
     proc = _build(tmp_path, repo_root)

@@ -51,6 +51,10 @@ class BuildConfig:
         return [k for k in self.kernels if k.backend == backend]
 
 
+# Edition 6 names a kernel section's source language; edition 5 named its backend. Both are read.
+_LANGUAGE_BACKENDS = {"cpp-cpu": "cpu", "cpp-cuda": "cuda"}
+
+
 def _validate_with_kernels_parser(root: Path) -> None:
     try:
         from kernels._rust import Build
@@ -59,7 +63,23 @@ def _validate_with_kernels_parser(root: Path) -> None:
     try:
         Build.open(root)
     except ValueError as exc:
+        if "unsupported build edition" in str(exc):
+            # kernels 0.17 (transformers 5.20-5.22) predates edition 6. Its loader never reads
+            # build.toml, only metadata.json, so this builder's own checks below stand in for it.
+            return
         raise BuildConfigError(f"{root / 'build.toml'} is invalid: {exc}") from exc
+
+
+def _section_backend(name: str, table: dict) -> str:
+    if "language" in table:
+        backend = _LANGUAGE_BACKENDS.get(table["language"])
+        if backend is None:
+            raise BuildConfigError(f"build.toml [kernel.{name}]: language = {table['language']!r}; this builder "
+                                   f"compiles {', '.join(map(repr, _LANGUAGE_BACKENDS))}")
+        return backend
+    if "backend" in table:
+        return table["backend"]
+    raise BuildConfigError(f"build.toml [kernel.{name}]: no language (edition 6) or backend (edition 5)")
 
 
 def _repo_id_of(general: dict, path: Path) -> str | None:
@@ -140,7 +160,7 @@ def load_build_config(root: Path) -> BuildConfig:
         sections.append(
             KernelSection(
                 name=name,
-                backend=table["backend"],
+                backend=_section_backend(name, table),
                 depends=tuple(table.get("depends", ())),
                 src=tuple(table["src"]),
                 include=tuple(table.get("include", ())),
