@@ -186,6 +186,9 @@ def test_every_torch_version_finds_a_build(build_dir, minor):
     for cuda in ((12, 8), (13, 0)):
         got = resolve_for(names, "cuda", version, f"{cuda[0]}.{cuda[1]}")
         assert got[0] == compiled.get(("cuda", (2, minor), cuda), "torch-cuda") and got[-1] == "torch-cuda", got
+    # Every compiled build is x86_64: an aarch64 machine (a Grace CPU, a GH200) takes the noarch builds.
+    assert resolve_for(names, "cpu", version, cpu="aarch64") == ["torch-cpu"]
+    assert resolve_for(names, "cuda", version, "13.0", cpu="aarch64") == ["torch-cuda"]
 
 
 def test_torch_cpu_variant_loads_without_triton(build_dir, tmp_path):
