@@ -17,7 +17,8 @@ def gelu(x: torch.Tensor, approximate: str) -> torch.Tensor:
 
 
 def gelu_grad(x: torch.Tensor, approximate: str) -> torch.Tensor:
-    """d gelu(x) / dx, formed without cancellation (the "torch" backend runs it in fp32): tanh GELU's
+    """d gelu(x) / dx, formed without cancellation (a reference: the "torch" backend runs ATen's one-pass
+    gelu_backward, eager's own derivative, since 2026-12-05): tanh GELU's
     0.5 (1 + tanh u) is sigmoid(2u) and 1 - tanh(u)^2 is 4 s (1 - s) with 1 - s = sigmoid(-2u), where
     1 + tanh u cancelled for x below about -3 (fp32 errors 5x eager's at x = -3.6); exact GELU's Phi is
     0.5 erfc(-x / sqrt 2), where 1 + erf cancels in the negative tail."""
