@@ -93,8 +93,8 @@ def _torch_bwd_h(dgate2, dup2, grad2, gate2, up2, approximate: str) -> None:
     derivative came from a dozen fp32 elementwise ops (reference.gelu_grad), and the in-place form went
     through three temporaries and three copies: on CPU tensors, where torch-cpu and the CUDA builds run
     this, a bf16 training step took up to 1.8x eager's time (M = 2048, H = 1024, I = 4096, 2 cores).
-    Eager's own numerics (ops in bf16, each rounding) would cost fewer passes; they also left a 5-step
-    bf16 FSDP training run (2 SGD steps) 3.4x eager's loss error from float64 (test_fsdp), past the 2x allowed."""
+    Eager's own numerics (ops in bf16, each rounding) would cost fewer passes; they also left a bf16 FSDP
+    training run of 2 SGD steps at 3.4x eager's loss error from float64 (test_fsdp), past the 2x allowed."""
     g, dy = gate2.float(), grad2.float()  # in fp32 these are the tensors themselves: read before overwritten
     gl = gelu(g, approximate)
     d = torch.ops.aten.gelu_backward(dy, g, approximate=approximate)  # dy * gelu'(gate)
