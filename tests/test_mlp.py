@@ -446,6 +446,9 @@ def test_geglu_mlp_auto_between_decode_and_prefill(kernel, device, m, h, capture
     bf16's own error."""
     if torch.cuda.get_device_capability() != (9, 0):
         pytest.skip("the policy measured here is the sm_90 one")
+    if "cuda" not in kernel.available_backends(device):
+        pytest.skip("no compiled CUDA library in this build (the noarch torch-cuda): "
+                    "test_geglu_mlp_auto_without_the_compiled_library covers its routes")
     i = 712  # a multiple of 8 (16-byte TMA rows), not of any tile
     x = randn(m, h, dtype=torch.bfloat16, device=device)
     params = [p.detach() for p in _params(h, i, torch.bfloat16, device, biases=True)]
@@ -471,6 +474,54 @@ def test_geglu_mlp_auto_between_decode_and_prefill(kernel, device, m, h, capture
     assert ran == ("cuda+gemm" if launch is None else "cuda:sm90"), launch
     ref = kernel.reference.geglu_mlp_ref(x, *params, approximate="tanh")
     assert_close(y, ref, _eager(x, *params, "tanh"), f"geglu_mlp auto at M={m}, H={h} ({launch}, {ran})")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("m", [1, 16, 17, 300, 1024])
+@pytest.mark.parametrize("captured", [False, True], ids=["plain", "graph"])
+def test_geglu_mlp_auto_without_the_compiled_library(kernel, device, m, captured):
+    """The noarch torch-cuda build (what a CUDA torch without a compiled variant loads): auto runs ATen's
+    GEMMs around Triton's pointwise kernel ("triton+gemm"), forward and backward, except where sm90's
+    policy measured the fused Triton kernels faster (decode, M <= 16, under CUDA-graph capture); either
+    way the results match float64 within bf16's own error. Until 2026-12-05 this build ran the fused
+    Triton MLP at every size (see test_policy's test_auto_on_cuda_never_picks_a_triton_gemm_that_lost)."""
+    if "cuda" in kernel.available_backends(device):
+        pytest.skip("this build has the compiled CUDA library: test_geglu_mlp_auto_between_decode_and_prefill")
+    h, i = 1152, 712
+    params = _params(h, i, torch.bfloat16, device, biases=True)
+    fused = captured and m <= 16 and torch.cuda.get_device_capability() == (9, 0)
+    expected = "triton" if fused else "triton+gemm"
+    if captured:
+        x = randn(m, h, dtype=torch.bfloat16, device=device)
+        det = [p.detach() for p in params]
+        with torch.no_grad():
+            kernel.geglu_mlp(x, *det, approximate="tanh")  # Triton compiles outside the capture
+            torch.cuda.synchronize()
+            g = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(g):
+                y = kernel.geglu_mlp(x, *det, approximate="tanh")
+            assert kernel.last_backend("geglu_mlp") == expected
+            x.copy_(randn(m, h, dtype=torch.bfloat16, device=device))
+            g.replay()
+            torch.cuda.synchronize()
+        ref = kernel.reference.geglu_mlp_ref(x, *det, approximate="tanh")
+        assert_close(y, ref, _eager(x, *det, "tanh"), f"geglu_mlp auto, graph, M={m}")
+        return
+    x = randn(m, h, dtype=torch.bfloat16, device=device, requires_grad=True)
+    y = kernel.geglu_mlp(x, *params, approximate="tanh")
+    assert kernel.last_backend("geglu_mlp") == expected
+    leaves = [x, *params]
+    grad = randn(*y.shape, dtype=torch.bfloat16, device=device)
+    ours = torch.autograd.grad(y, leaves, grad)
+    assert kernel.last_backend("geglu_mlp_backward") == expected
+    eager = _eager(x, *params, "tanh")
+    eagers = torch.autograd.grad(eager, leaves, grad)
+    l64 = [t.detach().double().requires_grad_() for t in leaves]
+    ref = kernel.reference.geglu_mlp_ref(l64[0], *l64[1:], approximate="tanh")
+    assert_close(y, ref, eager, f"geglu_mlp auto, M={m}")
+    refs = torch.autograd.grad(ref, l64, grad.double())
+    for name, o, r, e in zip(["dx", "dW_gate", "dW_up", "dW_down", "db_gate", "db_up", "db_down"], ours, refs, eagers):
+        assert_close(o, r, e, f"geglu_mlp auto {name}, M={m}")
 
 
 @pytest.mark.gpu

@@ -405,3 +405,59 @@ def test_large_m_rules_never_named_a_launch_that_lost_where_measured(policy, sm9
                 assert t[launch] <= _TIE * t["cublas+pointwise"], \
                     (path.name, shape, m, launch, t[launch], t["cublas+pointwise"])
     assert checked >= 125, checked
+
+
+# The harness's sizes (Gemma3-1B, Gemma-2B, Gemma2-9B widths): (M, H, I).
+_HARNESS_SIZES = [(m, h, i) for m in (1, 16, 17, 64, 1024, 8192) for h, i in ((1152, 6912), (2048, 16384), (3584, 14336))]
+
+
+@pytest.mark.parametrize("capability", [(9, 0), (8, 0), (10, 0)], ids=["sm90", "sm80", "sm100"])
+@pytest.mark.parametrize("compiled_cuda", [False, True], ids=["noarch", "compiled"])
+def test_auto_on_cuda_never_picks_a_triton_gemm_that_lost(kernel, policy, monkeypatch, capability, compiled_cuda):
+    """Which route auto takes on CUDA tensors, asked of the loaded kernel's own dispatch code with the
+    GPU generation and the presence of the compiled CUDA library set by hand (the decision needs no GPU):
+
+    - the MLP runs the fused Triton kernels only where a measured rule names them (decode under CUDA-graph
+      capture on sm90); everywhere else vendor GEMMs around one pointwise pass: the compiled "cuda" route,
+      or in a build without the compiled library (the noarch torch-cuda that every CUDA torch without a
+      compiled variant loads) ATen's GEMMs around Triton's pointwise kernel ("gemm");
+    - ``linear`` runs ATen (or cuBLASLt where the compiled library has it and sm90's rule names it),
+      never the Triton GEMM, which lost to ATen at every measured size on the H200.
+
+    Until 2026-12-05 the noarch build ran the fused Triton MLP and the Triton tanh-GELU linear at every
+    size, and every build did on a GPU with no policy file (sm80, sm100): the H200's "ours-triton" rows
+    measured those 8-12 % slower than eager at M = 8192, and a tanh-GELU linear training step 2.9x eager's."""
+    dispatch = importlib.import_module(kernel.__name__ + "._dispatch")
+    mlp = importlib.import_module(kernel.__name__ + ".mlp")
+    geglu = importlib.import_module(kernel.__name__ + ".geglu")
+    linear = importlib.import_module(kernel.__name__ + ".linear")
+    cuda = torch.device("cuda", 0)
+    if compiled_cuda and "cuda" not in kernel.available_backends("cuda"):
+        pytest.skip(f"the loaded variant ({kernel.__name__}) has no compiled CUDA library")
+    for name in dispatch._OVERRIDES:
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setattr(policy, "device_capability", lambda device: capability)
+    # Fresh pick tables, so neither this test's answers nor earlier ones leak across.
+    monkeypatch.setattr(geglu, "_picks", {})
+    monkeypatch.setattr(linear, "_picks", {})
+    monkeypatch.setattr(policy, "_decisions", {})
+    real_has, real_compiled = dispatch.has_backend, dispatch.compiled_has
+    if not compiled_cuda:
+        monkeypatch.setattr(dispatch, "has_backend",
+                            lambda device, backend: (backend != "cuda" or device.type != "cuda") and real_has(device, backend))
+        monkeypatch.setattr(dispatch, "compiled_has",
+                            lambda op, device_type: device_type != "cuda" and real_compiled(op, device_type))
+    triton = dispatch.has_backend(cuda, "triton")
+    for m, h, i in _HARNESS_SIZES:
+        for capturing in (0, 1):
+            route = mlp._pick(cuda, "auto", m, h, i, capturing)
+            if capability == (9, 0) and m <= 16 and capturing and triton:
+                assert route == "triton", (m, h, capturing)  # measured: policy_sm90.json
+            else:
+                assert route == ("cuda" if compiled_cuda else mlp.GEMM_ROUTE), (m, h, i, capturing, route)
+        pointwise = geglu._pick(cuda, "auto", "fwd", m * i, True)
+        assert pointwise in (("cuda", "triton") if compiled_cuda else ("triton",) if triton else ("torch",)), pointwise
+        for activation in ("none", "gelu_tanh", "gelu"):
+            chosen = linear._pick(cuda, "auto", activation, m)
+            lt = compiled_cuda and capability == (9, 0) and activation == "gelu_tanh"
+            assert chosen == ("cuda" if lt else "torch"), (m, activation, chosen)

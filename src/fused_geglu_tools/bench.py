@@ -90,6 +90,8 @@ QUICK_PREFERENCE: tuple[tuple[str, int], ...] = (("blog", 8192), ("gemma-2b", 10
 DECODE_MAX_M = 64  # rows with M <= this also get a CUDA-graph-replay forward
 # "auto" is what a user gets (backend=None: the measured policy); the others force one backend.
 OURS_BACKENDS: tuple[str, ...] = ("auto", "triton", "cuda")
+# Rows that run only when --providers names them: the ATen backend (what auto's pointwise falls back to).
+OURS_ON_REQUEST: tuple[str, ...] = ("torch",)
 BASELINES: tuple[str, ...] = ("eager", "compile", "liger")
 
 
@@ -166,7 +168,7 @@ class Row:
     H: int
     I: int
     M: int
-    provider: str  # eager | compile | compile-max | liger | ours-auto | ours-triton | ours-cuda
+    provider: str  # eager | compile | compile-max | liger | ours-auto | ours-triton | ours-cuda | ours-torch (on request)
     mode: str  # fwd | train | fwd_graph
     status: str = "pending"  # ok | FAILED | unavailable | error | skipped
     ok: bool = False
@@ -1055,6 +1057,7 @@ def providers_for(args) -> list[str]:
     if args.max_autotune:
         provs.append("compile-max")
     if args.providers:
+        provs += [f"ours-{b}" for b in OURS_ON_REQUEST]
         provs = ["eager"] + [p for p in provs[1:] if p in args.providers]  # eager sets the tolerance
     return provs
 
@@ -1231,6 +1234,7 @@ PROVIDER_STYLE = {
     "ours-auto": ("tab:purple", "ours (auto policy)"),
     "ours-triton": ("tab:blue", "ours (triton)"),
     "ours-cuda": ("tab:red", "ours (cuda)"),
+    "ours-torch": ("tab:olive", "ours (torch)"),
     "eager": ("tab:gray", "eager"),
 }
 
@@ -1361,7 +1365,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--ops", type=_csv(str), default=None, help=f"comma list of {','.join(OPS)}")
     p.add_argument("--shapes", type=_csv(str), default=None, help=f"comma list of {','.join(s.name for s in SHAPES)}")
     p.add_argument("--tokens", type=_csv(int), default=None, help="comma list of M values to keep, e.g. 16,8192")
-    p.add_argument("--providers", type=_csv(str), default=None, help="keep only these (eager always runs: it sets the tolerance)")
+    p.add_argument("--providers", type=_csv(str), default=None, help="keep only these (eager always runs: it sets the tolerance); ours-torch runs only when named here")
     p.add_argument("--approximate", choices=("tanh", "none"), default="tanh", help="GELU flavour (Liger: tanh only)")
     p.add_argument("--max-autotune", action="store_true", help="add torch.compile mode=max-autotune-no-cudagraphs (slow)")
     p.add_argument("--no-compile", action="store_true", help="skip torch.compile rows")

@@ -72,7 +72,10 @@ def _pick_uncached(device: torch.device, backend: str, activation: str, m: int, 
         if device.type == "cuda":
             # Measured (policy_sm90.json), per activation: ATen's addmm (cuBLASLt with the BIAS
             # epilogue), this project's cuBLASLt call (GELU_AUX_BIAS epilogue) or Triton.
-            choice = backend_for(_POLICY_OP[activation], device, "triton", m=m)
+            # Without a rule (a GPU with no policy file): ATen, which the Triton GEMM lost to by
+            # 25-35 % at M = 8192 on the H200 and up to 3x in a GELU training step (the default
+            # until 2026-12-05); Triton runs where a rule names it or when asked for by name.
+            choice = backend_for(_POLICY_OP[activation], device, "torch", m=m)
             if choice == "cuda" and not lt_ok:
                 choice = "torch"
             if _dispatch.has_backend(device, choice):
@@ -81,8 +84,9 @@ def _pick_uncached(device: torch.device, backend: str, activation: str, m: int, 
         # its interpreter (TRITON_INTERPRET=1, a debugging aid: slow, and Triton's interpreter mis-computes
         # bf16 tl.dot), so it runs there only when asked for by name: a variant with no compiled CPU
         # backend (torch-cpu, the CUDA ones) used to reach it here and return garbage in bf16. CUDA
-        # tensors whose measured pick is missing: Triton, else ATen ("cuda" is cuBLASLt, never a fallback).
-        for cand in ("cpu", "torch") if device.type == "cpu" else ("triton", "torch"):
+        # tensors whose measured pick is missing (a rule naming Triton where it is not installed): ATen
+        # ("cuda" is cuBLASLt, never a fallback).
+        for cand in ("cpu", "torch") if device.type == "cpu" else ("torch",):
             if _dispatch.has_backend(device, cand):
                 return cand
     if backend == "cuda":

@@ -37,14 +37,24 @@ from ._opdef import _PLAIN, _tracing, custom_op, transformed
 from ._views import rows
 
 
+# The auto route on CUDA tensors in a build without the compiled CUDA library (the noarch torch-cuda
+# build, which every CUDA torch without a compiled variant loads): ATen's GEMMs (cuBLAS) around the
+# pointwise kernel auto picks (Triton's, or ATen's), the "cuda" route's structure with what this
+# build has. Until 2026-12-05 such builds ran the fused Triton MLP at every size, which the H200
+# measured 8-12 % slower than eager at M = 8192 and up to 1.4x at M = 1024 ("ours-triton" rows of
+# the harness); that kernel keeps the sizes where it won (decode under CUDA-graph capture).
+GEMM_ROUTE = "gemm"
+
+
 def _pick(device: torch.device, backend: str, m: int, h: int, i: int, capturing: int | None = None) -> str:
-    """``backend`` is already resolved by ``_dispatch.requested``."""
+    """``backend`` is already resolved by ``_dispatch.requested``. Under auto on CUDA tensors the
+    answer may be ``GEMM_ROUTE``, which is not a backend a caller can name."""
     if backend == "auto":
         if device.type == "cuda":
             choice = policy.mlp_backend_for(m, h, i, device, capturing)  # measured: policy_sm90.json
             if _dispatch.has_backend(device, choice):
                 return choice
-            return "triton" if _dispatch.has_backend(device, "triton") else "torch"
+            return GEMM_ROUTE  # "cuda" without the compiled library, or "triton" without Triton
         return "cpu" if _dispatch.has_backend(device, "cpu") else "torch"
     _dispatch.check_available("geglu_mlp", device, backend)
     return backend
@@ -155,7 +165,8 @@ def _forward(x, w_gate, w_up, w_down, b_gate, b_up, b_down, approximate: str, sa
     else:
         # With the auto policy the pointwise between the GEMMs is whichever measured faster at
         # this size (geglu_fwd's rules); a forced backend runs its own.
-        pointwise = _geglu._pick(device, "auto", "fwd", m * i, True) if auto and backend == "cuda" else backend
+        pointwise = _geglu._pick(device, "auto", "fwd", m * i, True) \
+            if auto and backend in ("cuda", GEMM_ROUTE) else backend
         y, gate, up = _gemm_forward(x2, w_gate, w_up, w_down, b_gate, b_up, b_down, approximate, pointwise,
                                     save_preact)
         backend = f"{pointwise}+gemm"
@@ -232,7 +243,7 @@ def _mlp_backward(grad_y, x, w_gate, w_up, w_down, b_gate, b_up, preact: list, a
         if launch is None:
             # As in the forward: under the auto policy the pointwise is whichever measured faster.
             pointwise = _geglu._pick(dev, "auto", "bwd_inplace", m * i, True) \
-                if requested == "auto" and backend == "cuda" else backend
+                if requested == "auto" and backend in ("cuda", GEMM_ROUTE) else backend
         # One compiled call: in place up to the element bound (see ONE_CALL_BWD_MAX_ELEMS); the
         # keep form, which frees its own buffers in order, at any size.
         one_call = (pointwise == "cuda" and ONE_CALL and (fresh or m * i <= ONE_CALL_BWD_MAX_ELEMS)
@@ -261,7 +272,8 @@ def _mlp_backward(grad_y, x, w_gate, w_up, w_down, b_gate, b_up, preact: list, a
             else:
                 _geglu._bwd_inplace(gate, up, hid, approximate, pointwise)
                 dgate, dup = gate, up
-        _dispatch.record("geglu_mlp_backward", "cuda:sm90" if launch is not None else backend)
+        _dispatch.record("geglu_mlp_backward", "cuda:sm90" if launch is not None
+                         else f"{pointwise}+gemm" if backend == GEMM_ROUTE else backend)
     del gate, up  # dgate/dup hold the buffers still needed (the same ones unless fresh)
     d_w_down = dy.t() @ hid
     del hid

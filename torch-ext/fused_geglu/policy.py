@@ -85,11 +85,15 @@ def capturing(device: torch.device) -> int:
 
 def mlp_backend_for(m: int, h: int, i: int, device: torch.device | None = None,
                     capturing_now: int | None = None) -> str:
-    """"triton" (fused kernels) or "cuda" (sm90 CUTLASS / cuBLAS + compiled pointwise)."""
+    """"triton" (the fused Triton kernels) or "cuda" (sm90 CUTLASS, or vendor GEMMs around this
+    project's pointwise kernel; ``mlp._pick`` turns it into ATen's GEMMs where the build has no
+    compiled CUDA library). Where no rule decides (a GPU without a policy file) it is "cuda": eager's
+    own GEMMs with one fused pointwise pass cannot lose much to eager, where the Triton MLP, measured
+    only on sm90, lost 8-12 % to it there at M = 8192 (until 2026-12-05 it was the default)."""
     device = device or torch.device("cuda", torch.cuda.current_device())
     if capturing_now is None:
         capturing_now = capturing(device)
-    return backend_for("geglu_mlp", device, "triton", m=m, h=h, capturing=capturing_now)
+    return backend_for("geglu_mlp", device, "cuda", m=m, h=h, capturing=capturing_now)
 
 
 def sm90_mlp_launch(m: int, h: int, device: torch.device, training: bool = False,
