@@ -31,6 +31,16 @@ def _eager(x, wg, wu, wd, bg, bu, bd, approximate):
     return F.linear(F.gelu(F.linear(x, wg, bg), approximate=approximate) * F.linear(x, wu, bu), wd, bd)
 
 
+def _skip_unless_sm90_compiled(kernel, device, why: str) -> None:
+    """Skip off sm_90, and in a build without the compiled CUDA library (the noarch torch-cuda, whose
+    auto routes test_geglu_mlp_auto_without_the_compiled_library checks): the CUTLASS kernels and the
+    launches sm_90's policy names exist only in the compiled variant."""
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip(why)
+    if "cuda" not in kernel.available_backends(device):
+        pytest.skip(f"no compiled CUDA library in this build ({kernel.__name__}, noarch)")
+
+
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("approximate", ["tanh", "none"])
@@ -171,7 +181,8 @@ def test_geglu_mlp_inference_holds_two_preactivation_buffers(kernel, device, mon
         y = kernel.geglu_mlp(x, *params, backend=backend)
         torch.cuda.synchronize()
         peak = torch.cuda.max_memory_allocated() - base
-    assert kernel.last_backend("geglu_mlp") == "cuda+gemm"
+    # The compiled cuBLAS + pointwise route, or the noarch build's ATen GEMMs + Triton pointwise.
+    assert kernel.last_backend("geglu_mlp") == ("cuda+gemm" if "cuda" in kernel.available_backends(device) else "triton+gemm")
     elt = 2
     limit = (2 * m * i + m * h) * elt + (4 << 20)  # slack: cuBLAS workspace and allocator rounding
     assert peak <= limit, f"peak {peak / 2**20:.1f} MiB above {limit / 2**20:.1f} MiB (three M x I buffers?)"
@@ -369,8 +380,7 @@ SM90_DECODE_TILES = ["64x128pp", "64x256pp", "64x128k128pp"]
 @pytest.mark.parametrize("order", [("1", None), ("8", "m"), ("2", "n")], ids=["s1", "s8m", "s2n"])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
 def test_geglu_mlp_sm90_every_tile(kernel, device, monkeypatch, tile, order, dtype):
-    if torch.cuda.get_device_capability() != (9, 0):
-        pytest.skip("the CUTLASS gate+up GEMM is sm_90 only")
+    _skip_unless_sm90_compiled(kernel, device, "the CUTLASS gate+up GEMM is sm_90 only")
     swizzle, raster = order
     monkeypatch.setenv("FUSED_GEGLU_SM90_TILE", tile)
     monkeypatch.setenv("FUSED_GEGLU_SM90_SWIZZLE", swizzle)
@@ -394,8 +404,7 @@ def test_geglu_mlp_sm90_decode_tiles(kernel, device, monkeypatch, tile, m, dtype
     """The 64-row tiles at decode sizes, through the one-call inference op with the launch named
     the way the policy names it: one row, a full 16, and one row into a second M tile; H spans
     several K tiles with a partial last one, I is not a multiple of any tile's N."""
-    if torch.cuda.get_device_capability() != (9, 0):
-        pytest.skip("the CUTLASS gate+up GEMM is sm_90 only")
+    _skip_unless_sm90_compiled(kernel, device, "the CUTLASS gate+up GEMM is sm_90 only")
     monkeypatch.setenv("FUSED_GEGLU_SM90_MLP", f"{tile}/s1")
     h, i = 456, 712
     x = randn(m, h, dtype=dtype, device=device)
@@ -411,9 +420,12 @@ def test_geglu_mlp_sm90_decode_tiles(kernel, device, monkeypatch, tile, m, dtype
 @pytest.mark.parametrize("m, expected", [(16, "triton"), (33, "cuda:sm90")])
 def test_geglu_mlp_auto_under_graph_capture(kernel, device, m, expected):
     """The auto policy under CUDA-graph capture: Triton's decode kernels up to M = 16, the CUTLASS
-    64-row tile above (policy_sm90.json); the replay computes what a plain call does."""
+    64-row tile above (policy_sm90.json; in the noarch build ATen's GEMMs around Triton's pointwise);
+    the replay computes what a plain call does."""
     if torch.cuda.get_device_capability() != (9, 0):
         pytest.skip("the policy measured here is the sm_90 one")
+    if expected == "cuda:sm90" and "cuda" not in kernel.available_backends(device):
+        expected = "triton+gemm"
     h, i = 456, 712
     x = randn(m, h, dtype=torch.bfloat16, device=device)
     params = [p.detach() for p in _params(h, i, torch.bfloat16, device, biases=True)]
@@ -444,11 +456,7 @@ def test_geglu_mlp_auto_between_decode_and_prefill(kernel, device, m, h, capture
     launch the sm_90 policy names for the size and capture state (a CUTLASS tile, or cuBLAS +
     pointwise where no tile measured faster), and either way the output matches float64 within
     bf16's own error."""
-    if torch.cuda.get_device_capability() != (9, 0):
-        pytest.skip("the policy measured here is the sm_90 one")
-    if "cuda" not in kernel.available_backends(device):
-        pytest.skip("no compiled CUDA library in this build (the noarch torch-cuda): "
-                    "test_geglu_mlp_auto_without_the_compiled_library covers its routes")
+    _skip_unless_sm90_compiled(kernel, device, "the policy measured here is the sm_90 one")
     i = 712  # a multiple of 8 (16-byte TMA rows), not of any tile
     x = randn(m, h, dtype=torch.bfloat16, device=device)
     params = [p.detach() for p in _params(h, i, torch.bfloat16, device, biases=True)]
@@ -531,8 +539,7 @@ def test_geglu_mlp_auto_small_training_step(kernel, device, monkeypatch, m, h):
     """A training step at M <= 64 (host-bound) takes the CUTLASS gate+up GEMM with the 64-row tile
     where the sm_90 training rules name it, cuBLAS + pointwise from M = 65; output and every gradient
     against float64."""
-    if torch.cuda.get_device_capability() != (9, 0):
-        pytest.skip("the policy measured here is the sm_90 one")
+    _skip_unless_sm90_compiled(kernel, device, "the policy measured here is the sm_90 one")
     monkeypatch.delenv("FUSED_GEGLU_SM90_MLP", raising=False)
     monkeypatch.delenv("FUSED_GEGLU_BACKEND", raising=False)
     i = 712
@@ -553,8 +560,7 @@ def test_geglu_mlp_forced_cuda_between_decode_and_prefill(kernel, device, monkey
     """backend="cuda" at M = 65..1023: the CUTLASS gate+up GEMM with the launch the auto rules name,
     or where they leave cuBLAS + pointwise the forced rule's (the op's heuristic at widths nothing
     measured), and the output right against float64."""
-    if torch.cuda.get_device_capability() != (9, 0):
-        pytest.skip("the policy measured here is the sm_90 one")
+    _skip_unless_sm90_compiled(kernel, device, "the policy measured here is the sm_90 one")
     monkeypatch.delenv("FUSED_GEGLU_SM90_MLP", raising=False)
     i = 712
     x = randn(m, h, dtype=torch.bfloat16, device=device)
@@ -580,8 +586,7 @@ def test_geglu_mlp_forced_cuda_between_decode_and_prefill(kernel, device, monkey
 def test_geglu_mlp_sm90_training(kernel, device, monkeypatch, tile, dtype, approximate):
     """Training through the CUTLASS gate+up GEMM: its epilogue also writes gate and up for the
     backward. Every gradient against float64; M and I not multiples of the tile."""
-    if torch.cuda.get_device_capability() != (9, 0):
-        pytest.skip("the CUTLASS gate+up GEMM is sm_90 only")
+    _skip_unless_sm90_compiled(kernel, device, "the CUTLASS gate+up GEMM is sm_90 only")
     monkeypatch.setenv("FUSED_GEGLU_SM90_TILE", tile)
     m, h, i = 333, 264, 392
     x = randn(m, h, dtype=dtype, device=device, requires_grad=True)
@@ -601,8 +606,7 @@ def test_geglu_mlp_sm90_weights_in_one_buffer(kernel, device, monkeypatch, tile,
     tensors with the lower address first: here they are the two halves of one [2I, H] buffer (a
     fused gate_up_proj), in both orders, with only b_gate given (b_up filled with zeros). M and I
     not multiples of the tile; for training all gradients."""
-    if torch.cuda.get_device_capability() != (9, 0):
-        pytest.skip("the CUTLASS gate+up GEMM is sm_90 only")
+    _skip_unless_sm90_compiled(kernel, device, "the CUTLASS gate+up GEMM is sm_90 only")
     monkeypatch.setenv("FUSED_GEGLU_SM90_TILE", tile)
     m, h, i = 333, 264, 392
     buf = randn(2 * i, h, dtype=dtype, device=device, scale=h**-0.5)
@@ -631,8 +635,7 @@ def test_geglu_mlp_sm90_declines_weights_one_view_cannot_span(kernel, device, ca
     """w_gate and w_up that one TMA view cannot cover (the same tensor: a zero stride; different
     row strides) must not reach the CUTLASS GEMM: the MLP computes them through cuBLAS + the
     pointwise kernel instead, correctly."""
-    if torch.cuda.get_device_capability() != (9, 0):
-        pytest.skip("the CUTLASS gate+up GEMM is sm_90 only")
+    _skip_unless_sm90_compiled(kernel, device, "the CUTLASS gate+up GEMM is sm_90 only")
     m, h, i = 200, 128, 256
     dt = torch.bfloat16
     x = randn(m, h, dtype=dt, device=device)
@@ -903,8 +906,7 @@ def test_geglu_mlp_sm90_sees_in_place_weight_updates(kernel, device):
     """After an in-place update of a weight (what an optimizer step does) the CUTLASS path must
     compute with the new values (it reads the weights where they are; an earlier version kept a
     repacked copy, keyed on the weights' version counters)."""
-    if torch.cuda.get_device_capability() != (9, 0):
-        pytest.skip("the CUTLASS gate+up GEMM is sm_90 only")
+    _skip_unless_sm90_compiled(kernel, device, "the CUTLASS gate+up GEMM is sm_90 only")
     m, h, i = 256, 128, 192
     x = randn(m, h, dtype=torch.bfloat16, device=device)
     params = [p.detach() for p in _params(h, i, torch.bfloat16, device, biases=False)[:3]]
@@ -937,8 +939,7 @@ def test_geglu_mlp_sm90_one_call_matches_two(kernel, device, biases, dtype):
     call is what an eager decode step waits on). It must give the bits of the gate+up op followed
     by F.linear, which it replaces, and be right against float64; a w_down of the wrong shape is
     an error naming it."""
-    if torch.cuda.get_device_capability() != (9, 0):
-        pytest.skip("the CUTLASS gate+up GEMM is sm_90 only")
+    _skip_unless_sm90_compiled(kernel, device, "the CUTLASS gate+up GEMM is sm_90 only")
     m, h, i = 77, 264, 392
     x, wg, wu, wd, bg, bu, bd = _inference_operands(dtype, device, (3, m), h, i, biases)
     ops = getattr(torch.ops, kernel.OPS_ID)
@@ -985,8 +986,7 @@ def test_geglu_mlp_cublas_one_call_matches_four(kernel, device, monkeypatch, bia
 @pytest.mark.gpu
 def test_sm90_knobs_reject_bad_values(kernel, device, monkeypatch):
     """A misspelt tile or order is an error naming the variable, not a silent default."""
-    if torch.cuda.get_device_capability() != (9, 0):
-        pytest.skip("the CUTLASS gate+up GEMM is sm_90 only")
+    _skip_unless_sm90_compiled(kernel, device, "the CUTLASS gate+up GEMM is sm_90 only")
     x = randn(16, 64, dtype=torch.bfloat16, device=device)
     params = [p.detach() for p in _params(64, 64, torch.bfloat16, device, biases=False)[:3]]
     for var, bad in (("FUSED_GEGLU_SM90_TILE", "64x64"), ("FUSED_GEGLU_SM90_SWIZZLE", "3"),
@@ -1005,8 +1005,7 @@ def test_sm90_knobs_reject_bad_values(kernel, device, monkeypatch):
 def test_geglu_mlp_sm90_dh_backward(kernel, device, monkeypatch, dtype, approximate, launch, recompute):
     """The backward's dh GEMM with the GeGLU-backward epilogue (kernel_src/gemm_sm90/geglu_dh_sm90.h),
     forced at each tile order: every gradient against float64, M and I not multiples of the tile."""
-    if torch.cuda.get_device_capability() != (9, 0):
-        pytest.skip("the CUTLASS dh GEMM is sm_90 only")
+    _skip_unless_sm90_compiled(kernel, device, "the CUTLASS dh GEMM is sm_90 only")
     monkeypatch.setenv("FUSED_GEGLU_SM90_DH", launch)
     m, h, i = 333, 264, 392
     x = randn(m, h, dtype=dtype, device=device, requires_grad=True)
