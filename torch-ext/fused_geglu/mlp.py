@@ -41,7 +41,7 @@ from ._views import rows
 # build, which every CUDA torch without a compiled variant loads): ATen's GEMMs (cuBLAS) around the
 # pointwise kernel auto picks (Triton's, or ATen's), the "cuda" route's structure with what this
 # build has. Until 2026-12-05 such builds ran the fused Triton MLP at every size, which the H200
-# measured 8-12 % slower than eager at M = 8192 and up to 1.4x at M = 1024 ("ours-triton" rows of
+# measured 5-20 % slower than eager at M = 8192 and up to 1.4x at M = 1024 ("ours-triton" rows of
 # the harness); that kernel keeps the sizes where it won (decode under CUDA-graph capture).
 GEMM_ROUTE = "gemm"
 
@@ -167,6 +167,9 @@ def _forward(x, w_gate, w_up, w_down, b_gate, b_up, b_down, approximate: str, sa
         # this size (geglu_fwd's rules); a forced backend runs its own.
         pointwise = _geglu._pick(device, "auto", "fwd", m * i, True) \
             if auto and backend in ("cuda", GEMM_ROUTE) else backend
+        if backend == GEMM_ROUTE and pointwise == "triton" and policy.backend_for(
+                "geglu_mlp_gemm_pointwise", device, "triton", numel=m * i, capturing=capturing) == "torch":
+            pointwise = "torch"  # a host-bound call: ATen's three launches cost less than Triton's one
         y, gate, up = _gemm_forward(x2, w_gate, w_up, w_down, b_gate, b_up, b_down, approximate, pointwise,
                                     save_preact)
         backend = f"{pointwise}+gemm"

@@ -89,7 +89,7 @@ def mlp_backend_for(m: int, h: int, i: int, device: torch.device | None = None,
     project's pointwise kernel; ``mlp._pick`` turns it into ATen's GEMMs where the build has no
     compiled CUDA library). Where no rule decides (a GPU without a policy file) it is "cuda": eager's
     own GEMMs with one fused pointwise pass cannot lose much to eager, where the Triton MLP, measured
-    only on sm90, lost 8-12 % to it there at M = 8192 (until 2026-12-05 it was the default)."""
+    only on sm90, lost 5-20 % to it there at M = 8192 (until 2026-12-05 it was the default)."""
     device = device or torch.device("cuda", torch.cuda.current_device())
     if capturing_now is None:
         capturing_now = capturing(device)
