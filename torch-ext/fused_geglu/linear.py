@@ -73,8 +73,8 @@ def _pick_uncached(device: torch.device, backend: str, activation: str, m: int, 
             # Measured (policy_sm90.json), per activation: ATen's addmm (cuBLASLt with the BIAS
             # epilogue), this project's cuBLASLt call (GELU_AUX_BIAS epilogue) or Triton.
             # Without a rule (a GPU with no policy file): ATen, which the Triton GEMM lost to by
-            # 25-35 % at M = 8192 on the H200 and up to 3x in a GELU training step (the default
-            # until 2026-12-05); Triton runs where a rule names it or when asked for by name.
+            # 29-39 % at M = 8192 on the H200 and 2.9-3.4x in a tanh-GELU training step (the
+            # default until 2026-12-05); Triton runs where a rule names it or when asked for by name.
             choice = backend_for(_POLICY_OP[activation], device, "torch", m=m)
             if choice == "cuda" and not lt_ok:
                 choice = "torch"
