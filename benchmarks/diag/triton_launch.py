@@ -12,6 +12,8 @@ rounds), one GeGLU forward of [M, I] (M = 16 and 1024, Gemma3-1B's I) done four 
   then ``kernel[grid](...)``);
 - ``jit_only``: ``kernel[grid](...)`` with the arguments ready (Triton's binder, cache lookup and launch);
 - ``compiled_run``: the compiled kernel's C launcher called directly (what remains below Triton's Python);
+- ``fast_kernel``: ``triton_kernels/launch.py``'s ``FastKernel`` (its key, then that launcher), where the
+  build has it;
 
 and the public calls around them: ``k.geglu`` and ``k.geglu_mlp`` (auto, no grad) against eager's MLP, plus a
 trivial ATen op (the dispatcher's floor on this host at this moment).
@@ -43,10 +45,12 @@ def _pieces(k, m: int, h: int, i: int) -> dict:
     wd = torch.randn(h, i, device=dev, dtype=torch.bfloat16) * i**-0.5
     numel = m * i
     cfg = cfgs.get_config("geglu_fwd_flat", dev, g.dtype, m, i)
-    fa = tk._flat_args(numel, cfg)
+    block = cfg.BLOCK_M * cfg.BLOCK_N
+    fa = dict(BLOCK=block, EVEN=numel % block == 0, INT64=numel + block >= 2**31, num_warps=cfg.num_warps)
     grid = (triton.cdiv(numel, fa["BLOCK"]),)
     kern = tk._geglu_fwd_flat_kernel
     compiled = kern[grid](o, g, u, numel, ACT=2, **fa)
+    fast = getattr(tk, "_FWD_FLAT", None)  # triton_kernels/launch.py's FastKernel, where the build has it
     compiled._init_handles()
     knobs = importlib.import_module("triton").knobs
     stream = torch.cuda.current_stream().cuda_stream
@@ -68,6 +72,7 @@ def _pieces(k, m: int, h: int, i: int) -> dict:
         "tk_wrapper": lambda: tk.geglu_fwd(o, g, u, "tanh"),
         "jit_only": lambda: kern[grid](o, g, u, numel, ACT=2, **fa),
         "compiled_run": compiled_run,
+        **({"fast_kernel": lambda: fast(grid, args, fa["num_warps"])} if fast is not None else {}),
         "get_config": lambda: cfgs.get_config("geglu_fwd_flat", dev, g.dtype, m, i),
         "k.geglu": lambda: k.geglu(g, u, approximate="tanh"),
         "k.geglu_mlp": lambda: k.geglu_mlp(x, wg, wu, wd, approximate="tanh"),

@@ -22,6 +22,7 @@ import triton.language as tl
 
 from ._common import act_from_approximate, gelu, gelu_and_grad
 from .configs import get_config
+from .launch import FastKernel
 
 
 @triton.jit
@@ -130,13 +131,31 @@ def _flat(*tensors) -> bool:
     return True
 
 
-def _flat_args(numel: int, cfg) -> dict:
-    block = cfg.BLOCK_M * cfg.BLOCK_N  # the flat kernels' configs keep BLOCK_M = 1
-    return dict(BLOCK=block, EVEN=numel % block == 0, INT64=numel + block >= 2**31, num_warps=cfg.num_warps)
+_FWD = FastKernel(_geglu_fwd_kernel)
+_BWD = FastKernel(_geglu_bwd_kernel)
+_FWD_FLAT = FastKernel(_geglu_fwd_flat_kernel)
+_BWD_FLAT = FastKernel(_geglu_bwd_flat_kernel)
+
+# (kernel, device, dtype, M, N) -> the launch's grid, block constexprs and warps: the config lookup and
+# the arithmetic below once per size (an eager call in the noarch build waits on this host time).
+_plans: dict[tuple, tuple] = {}
 
 
-def _grid(m: int, n: int, cfg):
-    return (triton.cdiv(m, cfg.BLOCK_M), triton.cdiv(n, cfg.BLOCK_N))
+def _plan(kernel: str, device: torch.device, dtype: torch.dtype, m: int, n: int) -> tuple:
+    key = (kernel, device, dtype, m, n)
+    plan = _plans.get(key)
+    if plan is None:
+        cfg = get_config(kernel, device, dtype, m, n)
+        if kernel.endswith("_flat"):
+            numel, block = m * n, cfg.BLOCK_M * cfg.BLOCK_N  # the flat kernels' configs keep BLOCK_M = 1
+            plan = ((triton.cdiv(numel, block),), (block, numel % block == 0, numel + block >= 2**31), cfg.num_warps)
+        else:
+            plan = ((triton.cdiv(m, cfg.BLOCK_M), triton.cdiv(n, cfg.BLOCK_N)), (cfg.BLOCK_M, cfg.BLOCK_N),
+                    cfg.num_warps)
+        if len(_plans) > 4096:  # sizes vary with the token count: keep the table bounded
+            _plans.clear()
+        _plans[key] = plan
+    return plan
 
 
 def geglu_fwd(out: torch.Tensor, gate: torch.Tensor, up: torch.Tensor, approximate: str) -> torch.Tensor:
@@ -146,17 +165,11 @@ def geglu_fwd(out: torch.Tensor, gate: torch.Tensor, up: torch.Tensor, approxima
     if m == 0 or n == 0:
         return out
     if _flat(out, gate, up):
-        numel = m * n
-        cfg = get_config("geglu_fwd_flat", gate.device, gate.dtype, m, n)
-        fa = _flat_args(numel, cfg)
-        _geglu_fwd_flat_kernel[(triton.cdiv(numel, fa["BLOCK"]),)](out, gate, up, numel, ACT=act, **fa)
+        grid, blocks, warps = _plan("geglu_fwd_flat", gate.device, gate.dtype, m, n)
+        _FWD_FLAT(grid, (out, gate, up, m * n, act, *blocks), warps)
         return out
-    cfg = get_config("geglu_fwd", gate.device, gate.dtype, m, n)
-    _geglu_fwd_kernel[_grid(m, n, cfg)](
-        out, gate, up, m, n,
-        out.stride(0), gate.stride(0), up.stride(0),
-        ACT=act, BLOCK_M=cfg.BLOCK_M, BLOCK_N=cfg.BLOCK_N, num_warps=cfg.num_warps,
-    )
+    grid, blocks, warps = _plan("geglu_fwd", gate.device, gate.dtype, m, n)
+    _FWD(grid, (out, gate, up, m, n, out.stride(0), gate.stride(0), up.stride(0), act, *blocks), warps)
     return out
 
 
@@ -195,19 +208,13 @@ def geglu_bwd_h(grad_gate: torch.Tensor, grad_up: torch.Tensor, grad_out: torch.
 
 def _launch_bwd(grad_gate, grad_up, h, grad_out, gate, up, act: int) -> None:
     m, n = gate.shape
+    store_h = h is not None
+    h = grad_gate if h is None else h  # a stand-in pointer, never written without STORE_H
     if _flat(grad_gate, grad_up, h, grad_out, gate, up):
-        numel = m * n
-        cfg = get_config("geglu_bwd_flat", gate.device, gate.dtype, m, n)
-        fa = _flat_args(numel, cfg)
-        _geglu_bwd_flat_kernel[(triton.cdiv(numel, fa["BLOCK"]),)](
-            grad_gate, grad_up, grad_gate if h is None else h, grad_out, gate, up, numel,
-            ACT=act, STORE_H=h is not None, **fa,
-        )
+        grid, blocks, warps = _plan("geglu_bwd_flat", gate.device, gate.dtype, m, n)
+        _BWD_FLAT(grid, (grad_gate, grad_up, h, grad_out, gate, up, m * n, act, store_h, *blocks), warps)
         return
-    cfg = get_config("geglu_bwd", gate.device, gate.dtype, m, n)
-    _geglu_bwd_kernel[_grid(m, n, cfg)](
-        grad_gate, grad_up, grad_gate if h is None else h, grad_out, gate, up, m, n,
-        grad_gate.stride(0), grad_up.stride(0), 0 if h is None else h.stride(0),
-        grad_out.stride(0), gate.stride(0), up.stride(0),
-        ACT=act, STORE_H=h is not None, BLOCK_M=cfg.BLOCK_M, BLOCK_N=cfg.BLOCK_N, num_warps=cfg.num_warps,
-    )
+    grid, blocks, warps = _plan("geglu_bwd", gate.device, gate.dtype, m, n)
+    _BWD(grid, (grad_gate, grad_up, h, grad_out, gate, up, m, n,
+                grad_gate.stride(0), grad_up.stride(0), h.stride(0) if store_h else 0,
+                grad_out.stride(0), gate.stride(0), up.stride(0), act, store_h, *blocks), warps)

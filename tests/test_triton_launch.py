@@ -1,0 +1,137 @@
+"""``triton_kernels/launch.py``: repeat Triton launches through the compiled kernel's own launcher.
+
+The launcher keeps a compiled kernel under a key of its own and reuses it for later calls with the same
+key, so that key must separate every pair of arguments Triton would compile differently (a kernel built
+for 16-byte aligned pointers, run on unaligned ones, faults or misreads). The first test checks that
+against Triton's own specializer on CPU; the GPU tests check that what runs is what Triton's path runs.
+"""
+
+from __future__ import annotations
+
+import importlib
+import itertools
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+
+def _modules(kernel):
+    return (importlib.import_module(kernel.__name__ + ".triton_kernels.launch"),
+            importlib.import_module(kernel.__name__ + ".triton_kernels.geglu"))
+
+
+def test_spec_key_separates_what_triton_specializes_apart(kernel):
+    pytest.importorskip("triton")
+    try:
+        from triton._C.libtriton import native_specialize_impl
+        from triton.backends.compiler import BaseBackend
+    except ImportError:
+        pytest.skip("this Triton has no native specializer to compare with (Triton < 3.4)")
+    launch, _ = _modules(kernel)
+    ints = [0, 1, 2, 15, 16, 17, 32, 48, -1, -16, -17, 2**31 - 16, 2**31 - 1, 2**31, 2**31 + 16, 2**32 + 3,
+            2**63 - 16, 2**63, 2**63 + 16, 2**64 - 1]
+    storage = {dt: torch.empty(64, dtype=dt) for dt in (torch.bfloat16, torch.float16, torch.float32, torch.int32)}
+    tensors = [t[off:] for t in storage.values() for off in range(0, 9)]
+    args = ints + tensors + [True, False, 1.5, None]
+
+    def triton_spec(a):
+        return native_specialize_impl(BaseBackend, a, False, True, True)
+
+    for a, b in itertools.combinations(args, 2):
+        if launch.spec_key(a) == launch.spec_key(b):
+            assert triton_spec(a) == triton_spec(b), (a if not isinstance(a, torch.Tensor) else (a.dtype, a.data_ptr() % 16),
+                                                      b if not isinstance(b, torch.Tensor) else (b.dtype, b.data_ptr() % 16))
+    # and it does tell apart what matters most: alignment, dtype, int width
+    assert launch.spec_key(tensors[0]) != launch.spec_key(tensors[1])
+    assert launch.spec_key(2**31 - 16) != launch.spec_key(2**31)
+
+
+class _NoTritonPath:
+    """Stands in for the JIT function: any launch through Triton's own path fails the test."""
+
+    params = ()
+
+    def __getitem__(self, grid):
+        raise AssertionError("launched through Triton's path: the kept kernel was not reused")
+
+
+def _fast_or_skip(kernel):
+    launch, tk = _modules(kernel)
+    if not launch.ENABLED or not tk._FWD_FLAT.fast:
+        pytest.skip("the direct launch is off here (TRITON_INTERPRET, FUSED_GEGLU_TRITON_FAST_LAUNCH=0, or Triton < 3.4)")
+    return launch, tk
+
+
+def _triton_path_out(tk, g, u, act):
+    """The flat forward through ``kernel[grid](...)``, into a fresh buffer, with the launcher's plan."""
+    m, n = g.shape
+    grid, (block, even, int64), warps = tk._plan("geglu_fwd_flat", g.device, g.dtype, m, n)
+    out = torch.empty_like(g)
+    tk._geglu_fwd_flat_kernel[grid](out, g, u, m * n, ACT=act, BLOCK=block, EVEN=even, INT64=int64, num_warps=warps)
+    return out
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32], ids=str)
+def test_direct_launch_reuses_only_a_kernel_triton_would_pick(kernel, dtype, monkeypatch):
+    launch, tk = _fast_or_skip(kernel)
+    fk = tk._FWD_FLAT
+    dev = torch.device("cuda")
+    n_even, n_odd = 3 * 4096, 3 * 4096 + 5  # a whole number of blocks (the maskless branch), and not
+    for numel, off in [(n_even, 0), (n_even, 1), (n_even, 8), (n_odd, 0), (n_odd, 3)]:
+        gs, us = (torch.randn(numel + 16, device=dev, dtype=dtype) for _ in range(2))
+        g, u = gs[off:off + numel].view(1, numel), us[off:off + numel].view(1, numel)
+        outs = torch.empty(numel + 16, device=dev, dtype=dtype)
+        out = outs[off:off + numel].view(1, numel)  # unaligned together with the inputs where off is odd
+        tk.geglu_fwd(out, g, u, "tanh")  # the first call with this key: Triton's path, which compiles
+        first = out.clone()
+        out.zero_()
+        with monkeypatch.context() as mp:
+            mp.setattr(fk, "fn", _NoTritonPath())
+            tk.geglu_fwd(out, g, u, "tanh")  # the same key: must be the kept kernel
+        torch.testing.assert_close(out, first, rtol=0, atol=0)
+        torch.testing.assert_close(out, _triton_path_out(tk, g, u, 2), rtol=0, atol=0)
+        ref = (F.gelu(g.double(), approximate="tanh") * u.double()).to(dtype)
+        torch.testing.assert_close(out, ref, rtol=1e-2 if dtype != torch.float32 else 1e-5, atol=1e-2 if dtype != torch.float32 else 1e-5)
+
+
+@pytest.mark.gpu
+def test_direct_launch_goes_to_the_current_stream_and_into_a_cuda_graph(kernel):
+    _, tk = _fast_or_skip(kernel)
+    dev = torch.device("cuda")
+    g, u = (torch.randn(64, 1000, device=dev, dtype=torch.bfloat16) for _ in range(2))
+    out = torch.empty_like(g)
+    tk.geglu_fwd(out, g, u, "none")  # compiled and kept
+    ref = _triton_path_out(tk, g, u, 1)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        tk.geglu_fwd(out, g, u, "none")  # the launch lands on the capture stream (a launch on the legacy
+    graph = torch.cuda.CUDAGraph()  # stream during capture would be an error)
+    with torch.cuda.graph(graph, stream=side):
+        tk.geglu_fwd(out, g, u, "none")
+    out.zero_()
+    graph.replay()
+    torch.cuda.synchronize()
+    torch.testing.assert_close(out, ref, rtol=0, atol=0)
+
+
+@pytest.mark.gpu
+def test_a_launch_hook_gets_tritons_own_path(kernel):
+    _, tk = _fast_or_skip(kernel)
+    from triton import knobs
+
+    dev = torch.device("cuda")
+    g, u = (torch.randn(8, 512, device=dev, dtype=torch.float16) for _ in range(2))
+    out = torch.empty_like(g)
+    tk.geglu_fwd(out, g, u, "tanh")
+    seen = []
+    before = knobs.runtime.launch_enter_hook
+    knobs.runtime.launch_enter_hook = seen.append
+    try:
+        tk.geglu_fwd(out, g, u, "tanh")  # a profiler's hook must see the launch
+    finally:
+        knobs.runtime.launch_enter_hook = before
+    torch.cuda.synchronize()
+    assert len(seen) == 1
