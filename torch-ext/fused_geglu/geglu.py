@@ -55,15 +55,27 @@ def _pick_uncached(device: torch.device, backend: str, direction: str, numel: in
 
 # ---- launchers: fill preallocated 2-D outputs -------------------------------------------------
 
+_triton_geglu = None
+
+
+def _triton():
+    """``triton_kernels.geglu``, imported on first use (Triton may be absent) and then kept: an import
+    statement in the launchers cost 0.4 µs per call even with the module loaded."""
+    global _triton_geglu
+    if _triton_geglu is None:
+        from .triton_kernels import geglu as tk
+
+        _triton_geglu = tk
+    return _triton_geglu
+
+
 def _fwd_into(out2, gate2, up2, approximate: str, backend: str) -> None:
     if out2.shape[0] == 0:
         return
     if backend in ("cuda", "cpu"):
         ops.geglu_fwd(out2, gate2, up2, _APPROX_CODE[approximate])
     elif backend == "triton":
-        from .triton_kernels import geglu as tk
-
-        tk.geglu_fwd(out2, gate2, up2, approximate)
+        _triton().geglu_fwd(out2, gate2, up2, approximate)
     else:  # ATen in fp32, one rounding: mul promotes up2 and casts once on the store (see _torch_bwd_h)
         torch.mul(gelu(gate2.float(), approximate), up2, out=out2)
 
@@ -74,9 +86,7 @@ def _bwd_into(dgate2, dup2, grad2, gate2, up2, approximate: str, backend: str) -
     if backend in ("cuda", "cpu"):
         ops.geglu_bwd(dgate2, dup2, grad2, gate2, up2, _APPROX_CODE[approximate])
     elif backend == "triton":
-        from .triton_kernels import geglu as tk
-
-        tk.geglu_bwd(dgate2, dup2, grad2, gate2, up2, approximate)
+        _triton().geglu_bwd(dgate2, dup2, grad2, gate2, up2, approximate)
     else:  # ATen in fp32, each result rounded once on its store (see _torch_bwd_h)
         g = gate2.float()
         torch.mul(torch.ops.aten.gelu_backward(grad2.float(), g, approximate=approximate), up2, out=dgate2)
@@ -117,9 +127,7 @@ def _bwd_h(dgate2, dup2, grad2, gate2, up2, approximate: str, backend: str) -> N
     if backend == "cuda" and _dispatch.compiled_has("geglu_bwd_h", "cuda"):
         ops.geglu_bwd_h(dgate2, dup2, grad2, gate2, up2, _APPROX_CODE[approximate])
     elif backend == "triton":
-        from .triton_kernels import geglu as tk
-
-        tk.geglu_bwd_h(dgate2, dup2, grad2, gate2, up2, approximate)
+        _triton().geglu_bwd_h(dgate2, dup2, grad2, gate2, up2, approximate)
     elif backend == "cuda":  # a library built before geglu_bwd_h: copies, then the in-place kernel
         dgate2.copy_(gate2)
         dup2.copy_(up2)
@@ -141,9 +149,7 @@ def _bwd_inplace(gate2, up2, grad2, approximate: str, backend: str) -> None:
     if backend == "cuda" and _dispatch.compiled_has("geglu_bwd_inplace", "cuda"):
         ops.geglu_bwd_inplace(gate2, up2, grad2, _APPROX_CODE[approximate])
     elif backend == "triton":
-        from .triton_kernels import geglu as tk
-
-        tk.geglu_bwd_inplace(gate2, up2, grad2, approximate)
+        _triton().geglu_bwd_inplace(gate2, up2, grad2, approximate)
     elif backend == "torch":
         _torch_bwd_h(gate2, up2, grad2, gate2, up2, approximate)
     else:  # the CPU kernels have no in-place form: compute into temporaries, then copy
@@ -319,6 +325,8 @@ def geglu(gate: torch.Tensor, up: torch.Tensor, approximate: str = "none",
             out = ops.geglu_train(gate, up, code) if grad else ops.geglu_infer(gate, up, code)
             _dispatch.record("geglu", entry)
             return out
+        if not grad:  # what the op's eager path would do, without asking _tracing again
+            return geglu_fwd_op.impl(gate, up, approximate, backend)
     return geglu_fwd_op(gate, up, approximate, backend)
 
 

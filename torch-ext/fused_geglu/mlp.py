@@ -32,7 +32,7 @@ import torch.nn.functional as F
 from . import _autocast, _checks, _dispatch, policy, reference
 from . import geglu as _geglu
 from . import sm90_weights
-from ._ops import ops
+from ._ops import HAS_COMPILED_OPS, ops
 from ._opdef import _PLAIN, _tracing, custom_op, transformed
 from ._views import rows
 
@@ -58,6 +58,27 @@ def _pick(device: torch.device, backend: str, m: int, h: int, i: int, capturing:
         return "cpu" if _dispatch.has_backend(device, "cpu") else "torch"
     _dispatch.check_available("geglu_mlp", device, backend)
     return backend
+
+
+# (device, M, H, I, capturing) -> (backend, pointwise) of an auto call: the policy walks below once per
+# size rather than on every call (in the noarch build, where no compiled call hides it, an eager call
+# waits on this host time).
+_auto_routes: dict[tuple, tuple[str, str]] = {}
+
+
+def _auto_route(key: tuple) -> tuple[str, str]:
+    """``(backend, pointwise)`` for an auto call: ``_pick``'s backend, and the pointwise kernel the
+    vendor-GEMM route would run between its GEMMs (whichever measured faster at this size, geglu_fwd's
+    rules; ATen's where the route's own rule says the call waits on the host)."""
+    device, m, h, i, capturing = key
+    backend = _pick(device, "auto", m, h, i, capturing)
+    pointwise = backend
+    if backend in ("cuda", GEMM_ROUTE):
+        pointwise = _geglu._pick(device, "auto", "fwd", m * i, True)
+        if backend == GEMM_ROUTE and pointwise == "triton" and policy.backend_for(
+                "geglu_mlp_gemm_pointwise", device, "triton", numel=m * i, capturing=capturing) == "torch":
+            pointwise = "torch"  # a host-bound call: ATen's three launches cost less than Triton's one
+    return _dispatch.remember(_auto_routes, key, (backend, pointwise))
 
 
 def _sm90_launch(m: int, h: int, device: torch.device, save_preact: bool, capturing: int | None,
@@ -126,9 +147,14 @@ def _forward(x, w_gate, w_up, w_down, b_gate, b_up, b_down, approximate: str, sa
     m, (i, h) = x2.shape[0], w_gate.shape
     auto = backend == "auto"
     device = x.device
-    # Both rules below depend on graph capture: one driver query per call serves them.
-    capturing = policy.capturing(device) if auto else None
-    backend = _pick(device, backend, m, h, i, capturing)
+    if auto:
+        # Every rule below depends on graph capture: one driver query per call serves them.
+        capturing = policy.capturing(device)
+        key = (device, m, h, i, capturing)
+        backend, pointwise = _auto_routes.get(key) or _auto_route(key)
+    else:
+        capturing = None
+        backend = pointwise = _pick(device, backend, m, h, i)
     gate = up = None
     if m == 0:
         y = x2.new_empty((0, h))
@@ -163,13 +189,8 @@ def _forward(x, w_gate, w_up, w_down, b_gate, b_up, b_down, approximate: str, sa
             y = sm90_weights.mlp_sm90(ops, x2, w_gate, w_up, w_down, b_gate, b_up, b_down, approximate, launch)
         backend = "cuda:sm90"
     else:
-        # With the auto policy the pointwise between the GEMMs is whichever measured faster at
-        # this size (geglu_fwd's rules); a forced backend runs its own.
-        pointwise = _geglu._pick(device, "auto", "fwd", m * i, True) \
-            if auto and backend in ("cuda", GEMM_ROUTE) else backend
-        if backend == GEMM_ROUTE and pointwise == "triton" and policy.backend_for(
-                "geglu_mlp_gemm_pointwise", device, "triton", numel=m * i, capturing=capturing) == "torch":
-            pointwise = "torch"  # a host-bound call: ATen's three launches cost less than Triton's one
+        # pointwise: under auto, the one _auto_route picked for the vendor-GEMM route; a forced backend
+        # runs its own.
         y, gate, up = _gemm_forward(x2, w_gate, w_up, w_down, b_gate, b_up, b_down, approximate, pointwise,
                                     save_preact)
         backend = f"{pointwise}+gemm"
@@ -544,7 +565,7 @@ def geglu_mlp(x: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor, w_down:
             return _autocast.without(x.device, geglu_mlp,
                                      *_autocast.cast(amp, x, w_gate, w_up, w_down, b_gate, b_up, b_down),
                                      approximate=approximate, recompute=recompute, backend=backend)
-    if backend is None and not _dispatch.overridden():
+    if backend is None and HAS_COMPILED_OPS and not _dispatch.overridden():
         y = _infer(x, w_gate, w_up, w_down, b_gate, b_up, b_down, approximate)
         if y is not None:
             return y
