@@ -127,11 +127,21 @@ def test_a_launch_hook_gets_tritons_own_path(kernel):
     out = torch.empty_like(g)
     tk.geglu_fwd(out, g, u, "tanh")
     seen = []
-    before = knobs.runtime.launch_enter_hook
-    knobs.runtime.launch_enter_hook = seen.append
-    try:
-        tk.geglu_fwd(out, g, u, "tanh")  # a profiler's hook must see the launch
-    finally:
-        knobs.runtime.launch_enter_hook = before
-    torch.cuda.synchronize()
-    assert len(seen) == 1
+    chain = knobs.runtime.launch_enter_hook
+    for install in ("add", "assign"):  # Triton >= 3.5 chains hooks (add/remove); a plain function replaces the slot
+        if install == "add" and not hasattr(chain, "add"):
+            continue
+        seen.clear()
+        if install == "add":
+            chain.add(seen.append)
+        else:
+            knobs.runtime.launch_enter_hook = seen.append
+        try:
+            tk.geglu_fwd(out, g, u, "tanh")  # a profiler's hook must see the launch
+        finally:
+            if install == "add":
+                chain.remove(seen.append)
+            else:
+                knobs.runtime.launch_enter_hook = chain
+        torch.cuda.synchronize()
+        assert len(seen) == 1, install

@@ -16,7 +16,9 @@ rounds), one GeGLU forward of [M, I] (M = 16 and 1024, Gemma3-1B's I) done four 
   build has it;
 
 and the public calls around them: ``k.geglu`` and ``k.geglu_mlp`` (auto, no grad) against eager's MLP, plus a
-trivial ATen op (the dispatcher's floor on this host at this moment).
+trivial ATen op (the dispatcher's floor on this host at this moment). Last, ``geglu_mlp`` at M = 16 for every
+shape with and without the policy's ``geglu_mlp_gemm_pointwise`` rule (dropped in-process), host time and
+CUDA-event span per call against eager's.
 """
 
 from __future__ import annotations
@@ -80,6 +82,66 @@ def _pieces(k, m: int, h: int, i: int) -> dict:
     }
 
 
+def _span_us(fn, n: int = 50) -> float:
+    """CUDA-event span of one call issued back to back (as the harness times it), median of ``n``."""
+    ev = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(n)]
+    torch.cuda.synchronize()
+    for s, e in ev:
+        s.record()
+        fn()
+        e.record()
+    torch.cuda.synchronize()
+    return statistics.median(s.elapsed_time(e) * 1e3 for s, e in ev)
+
+
+def _without_rule(k, rule: str):
+    """The loaded kernel's policy with ``rule`` dropped (its remembered decisions and routes cleared);
+    returns the function that puts it back."""
+    policy = importlib.import_module(k.__name__ + ".policy")
+    mlp = importlib.import_module(k.__name__ + ".mlp")
+    real = policy._rules
+
+    def rules(capability):
+        d = dict(real(capability))
+        d.pop(rule, None)
+        return d
+
+    def reset(fn):
+        policy._rules = fn
+        policy._decisions.clear()
+        mlp._auto_routes.clear()
+
+    reset(rules)
+    return lambda: reset(real)
+
+
+def _route_rule(k, rounds: int, tokens: int = 16) -> dict:
+    """The noarch MLP route at ``tokens`` rows with its small-size pointwise rule (ATen's pointwise) and
+    without it (Triton's), against eager: host µs and CUDA-event span µs per call, every shape."""
+    out = {}
+    for name, (h, i) in SHAPES.items():
+        x = torch.randn(tokens, h, device="cuda", dtype=torch.bfloat16)
+        wg, wu = (torch.randn(i, h, device="cuda", dtype=torch.bfloat16) * h**-0.5 for _ in range(2))
+        wd = torch.randn(h, i, device="cuda", dtype=torch.bfloat16) * i**-0.5
+        ours = lambda: k.geglu_mlp(x, wg, wu, wd, approximate="tanh")  # noqa: E731
+        variants = {"eager": lambda: eager_mlp(x, wg, wu, wd), "ours (rule)": ours, "ours (no rule)": ours}
+        samples = {v: {"host": [], "span": [], "route": None} for v in variants}
+        for _ in range(rounds):
+            for v, fn in variants.items():
+                restore = _without_rule(k, "geglu_mlp_gemm_pointwise") if v == "ours (no rule)" else None
+                try:
+                    fn()
+                    samples[v]["route"] = k.last_backend("geglu_mlp") if v != "eager" else "eager"
+                    samples[v]["host"].append(host_us(fn, n=100))
+                    samples[v]["span"].append(_span_us(fn))
+                finally:
+                    if restore:
+                        restore()
+        out[name] = {v: {"route": d["route"], "host_us": statistics.median(d["host"]), "span_us": statistics.median(d["span"]),
+                         "host_rounds": d["host"], "span_rounds": d["span"]} for v, d in samples.items()}
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", required=True)
@@ -106,15 +168,20 @@ def main() -> None:
                     samples[name].append(host_us(fn, n=200))
             rows[f"M={m}"] = {"routes": routes, **{name: {"median_us": statistics.median(v), "rounds": v}
                                                   for name, v in samples.items()}}
+        rule = _route_rule(k, args.rounds)
     env = environment()
     Path(args.out).mkdir(parents=True, exist_ok=True)
     out = Path(args.out) / f"triton-launch-{env['commit'][:7] or 'local'}.json"
-    out.write_text(json.dumps({"environment": env, "kernel": k.OPS_ID, "shape": "gemma3-1b", "rows": rows}, indent=1))
+    out.write_text(json.dumps({"environment": env, "kernel": k.OPS_ID, "shape": "gemma3-1b", "rows": rows,
+                               "route_rule_m16": rule}, indent=1))
     for mk, row in rows.items():
         print(f"{mk} routes {row['routes']}")
         for name, v in row.items():
             if name != "routes":
                 print(f"  {name:14s} {v['median_us']:7.2f} us  (rounds {min(v['rounds']):.2f}-{max(v['rounds']):.2f})")
+    print("geglu_mlp at M = 16, with and without the route's small-size pointwise rule (host us / span us):")
+    for shape, row in rule.items():
+        print(f"  {shape:10s} " + "  ".join(f"{v}: {d['route']} {d['host_us']:.1f} / {d['span_us']:.1f}" for v, d in row.items()))
     print(f"wrote {out}")
 
 

@@ -12,7 +12,7 @@ keeps the compiled kernel Triton returns, and calls that kernel's launcher direc
 key it files the kernel under is at least as fine as Triton's own specialization
 (:func:`spec_key`; ``tests/test_triton_launch.py`` checks that against Triton's specializer), so a
 kept kernel is only ever reused for arguments Triton would have given the same kernel. Triton's path
-runs instead while a launch hook is installed (profilers), under ``TRITON_INTERPRET=1``, and with
+runs instead while a launch hook is installed (profilers, ``knobs.runtime.launch_enter_hook``), under ``TRITON_INTERPRET=1``, and with
 ``$FUSED_GEGLU_TRITON_FAST_LAUNCH=0`` (read at import). Options changed through Triton's knobs after
 a kernel's first launch (debug, instrumentation) do not reach the kernels already kept.
 """
@@ -56,6 +56,16 @@ if ENABLED:
     from triton import knobs as _knobs
 
 
+def _hooked() -> bool:
+    """Whether a launch hook is installed. Triton 3.5+ keeps each hook slot as a ``HookChain`` (empty,
+    not None, when nothing is installed: its own path then builds launch metadata for every launch and
+    calls the empty chain); a user may also assign a plain function to the slot."""
+    for hook in (_knobs.runtime.launch_enter_hook, _knobs.runtime.launch_exit_hook):
+        if hook is not None and getattr(hook, "calls", True):
+            return True
+    return False
+
+
 class FastKernel:
     """``FastKernel(jit_fn)(grid, args, num_warps)``: ``jit_fn[grid](*args, num_warps=num_warps)`` with
     ``args`` every parameter in signature order (constexprs included, as values). ``grid`` is a tuple
@@ -71,7 +81,7 @@ class FastKernel:
         self.kept: dict[tuple, tuple] = {}
 
     def __call__(self, grid: tuple, args: tuple, num_warps: int) -> None:
-        if not self.fast or _knobs.runtime.launch_enter_hook is not None or _knobs.runtime.launch_exit_hook is not None:
+        if not self.fast or _hooked():
             self.fn[grid](*args, num_warps=num_warps)
             return
         device = torch.cuda.current_device()  # Triton's own choice of device: the current one
