@@ -53,7 +53,6 @@ _OPS = {
     "geglu_fwd": ({"numel", "dense"}, {"cuda", "triton", "cpu", "torch"}),
     "geglu_bwd": ({"numel", "dense"}, {"cuda", "triton", "cpu", "torch"}),
     "geglu_bwd_inplace": ({"numel", "dense"}, {"cuda", "triton", "cpu", "torch"}),
-    "geglu_mlp_gemm_pointwise": ({"numel", "capturing"}, {"triton", "torch"}),
 }
 
 
@@ -201,10 +200,6 @@ def test_policy_file_is_plain_json(policy):
     ("geglu_bwd", dict(numel=8192 * 14336, dense=1), "cuda"),
     ("geglu_bwd", dict(numel=8192 * 14336, dense=0), "triton"),
     ("geglu_bwd_inplace", dict(numel=8192 * 16384, dense=1), "cuda"),
-    # the noarch MLP's ATen-GEMM route: ATen's pointwise for host-bound forwards outside capture
-    ("geglu_mlp_gemm_pointwise", dict(numel=16 * 16384, capturing=0), "torch"),
-    ("geglu_mlp_gemm_pointwise", dict(numel=16 * 16384, capturing=1), "<fallback>"),
-    ("geglu_mlp_gemm_pointwise", dict(numel=1024 * 6912, capturing=0), "<fallback>"),
 ])
 def test_h200_decisions(policy, sm90_rules, op, sizes, expected):
     if op in ("geglu_mlp_sm90", "geglu_mlp_sm90_train") and "m" in sizes:

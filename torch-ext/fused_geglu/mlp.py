@@ -68,16 +68,15 @@ _auto_routes: dict[tuple, tuple[str, str]] = {}
 
 def _auto_route(key: tuple) -> tuple[str, str]:
     """``(backend, pointwise)`` for an auto call: ``_pick``'s backend, and the pointwise kernel the
-    vendor-GEMM route would run between its GEMMs (whichever measured faster at this size, geglu_fwd's
-    rules; ATen's where the route's own rule says the call waits on the host)."""
+    vendor-GEMM route runs between its GEMMs (whichever measured faster at this size: geglu_fwd's
+    rules). From 14abf27 to f9bebc9 the noarch route took ATen's pointwise for forwards of at most 1M
+    M x I elements outside capture, when Triton's launcher cost more host time than ATen's three calls;
+    with the pointwise kernels launched through ``triton_kernels/launch.py`` Triton's is the cheaper
+    on the host as well (H100, M = 16: 49-50 against 56-57 µs of host time per MLP call, CUDA-event span
+    60 / 85 / 120 against 68 / 96 / 130 µs; ``benchmarks/RESULTS.md``, "Triton launches")."""
     device, m, h, i, capturing = key
     backend = _pick(device, "auto", m, h, i, capturing)
-    pointwise = backend
-    if backend in ("cuda", GEMM_ROUTE):
-        pointwise = _geglu._pick(device, "auto", "fwd", m * i, True)
-        if backend == GEMM_ROUTE and pointwise == "triton" and policy.backend_for(
-                "geglu_mlp_gemm_pointwise", device, "triton", numel=m * i, capturing=capturing) == "torch":
-            pointwise = "torch"  # a host-bound call: ATen's three launches cost less than Triton's one
+    pointwise = _geglu._pick(device, "auto", "fwd", m * i, True) if backend in ("cuda", GEMM_ROUTE) else backend
     return _dispatch.remember(_auto_routes, key, (backend, pointwise))
 
 
