@@ -47,6 +47,68 @@ def test_spec_key_separates_what_triton_specializes_apart(kernel):
     assert launch.spec_key(2**31 - 16) != launch.spec_key(2**31)
 
 
+class _FakeCompiled:
+    """What Triton's path returns: the compiled kernel, whose ``run`` is its launcher."""
+
+    function, packed_metadata = "function-handle", "metadata"
+
+    def __init__(self):
+        self.launches = []
+
+    def run(self, *call):
+        self.launches.append(call)
+
+
+class _FakeJit:
+    """A JIT function's launch syntax, counting the launches through Triton's path."""
+
+    def __init__(self):
+        self.compiled, self.calls = _FakeCompiled(), 0
+
+    def __getitem__(self, grid):
+        def launch(*args, num_warps):
+            self.calls += 1
+            return self.compiled
+        return launch
+
+
+def test_direct_launch_bookkeeping(kernel, monkeypatch):
+    """FastKernel's own logic, without a GPU: Triton's path for a new key, the kept launcher (with the
+    current stream, no launch metadata, no hooks) for a repeat, Triton's path again for another alignment
+    or while a hook is installed."""
+    launch, _ = _modules(kernel)
+    fk = launch.FastKernel.__new__(launch.FastKernel)
+    fake = _FakeJit()
+    fk.fn, fk.fast, fk.const, fk.kept = fake, True, (False, False, False, True), {}
+
+    class _Runtime:
+        launch_enter_hook, launch_exit_hook = None, None
+
+    class _Knobs:
+        runtime = _Runtime
+
+    monkeypatch.setattr(launch, "_knobs", _Knobs, raising=False)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(torch._C, "_cuda_getCurrentRawStream", lambda device: 1234, raising=False)
+    storage = torch.empty(64, dtype=torch.float16)
+    a, b, misaligned = storage[:16], storage[16:32], storage[1:17]
+    fk((2,), (a, b, 16, 4), 4)
+    assert fake.calls == 1 and not fake.compiled.launches
+    fk((3, 1), (b, a, 32, 4), 4)  # same key (dtype, alignment, 16 | n, the constexpr): the kept launcher
+    assert fake.calls == 1
+    assert fake.compiled.launches == [(3, 1, 1, 1234, "function-handle", "metadata", None, None, None, b, a, 32, 4)]
+    fk((2,), (misaligned, b, 16, 4), 4)  # another alignment: Triton's path
+    fk((2,), (a, b, 16, 5), 4)  # another constexpr
+    fk((2,), (a, b, 16, 4), 8)  # other warps
+    assert fake.calls == 4 and len(fake.compiled.launches) == 1
+    _Runtime.launch_enter_hook = print
+    fk((2,), (a, b, 16, 4), 4)  # a hook is installed: Triton's path, which calls it
+    assert fake.calls == 5
+    _Runtime.launch_enter_hook = type("Chain", (), {"calls": []})()  # Triton >= 3.5's empty chain: no hook
+    fk((2,), (a, b, 16, 4), 4)
+    assert fake.calls == 5 and len(fake.compiled.launches) == 2
+
+
 class _NoTritonPath:
     """Stands in for the JIT function: any launch through Triton's own path fails the test."""
 

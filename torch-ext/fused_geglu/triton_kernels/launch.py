@@ -2,19 +2,21 @@
 
 ``kernel[grid](*args)`` spends most of its host time before the launch: binding the arguments,
 computing their specialization, building the cache key, reading the device, the stream and the
-option knobs. On the H100 host (Triton 3.6) that path took 12.7 µs per launch of the flat GeGLU
-kernel where the compiled kernel's own C launcher took 5.1
-(``benchmarks/results/triton-launch-h100-1baf024.json``). In the noarch ``torch-cuda`` build, which
-has no compiled entries, an eager call waits on exactly that.
+option knobs, and (Triton >= 3.5) building launch metadata for an empty hook chain. On an H100 host
+(Triton 3.6) that path took 12.7 µs per launch of the flat GeGLU kernel where the compiled kernel's
+own launcher took 5.1 (``benchmarks/results/triton-launch-h100-1baf024.json``); on a faster host
+9.8 against 4.2, and this class's launch 6.3 (``triton-launch-h100-f9bebc9.json``). In the noarch
+``torch-cuda`` build, which has no compiled entries, an eager call waits on exactly that.
 
 :class:`FastKernel` launches through Triton's normal path the first time it sees a specialization,
 keeps the compiled kernel Triton returns, and calls that kernel's launcher directly afterwards. The
 key it files the kernel under is at least as fine as Triton's own specialization
 (:func:`spec_key`; ``tests/test_triton_launch.py`` checks that against Triton's specializer), so a
 kept kernel is only ever reused for arguments Triton would have given the same kernel. Triton's path
-runs instead while a launch hook is installed (profilers, ``knobs.runtime.launch_enter_hook``), under ``TRITON_INTERPRET=1``, and with
-``$FUSED_GEGLU_TRITON_FAST_LAUNCH=0`` (read at import). Options changed through Triton's knobs after
-a kernel's first launch (debug, instrumentation) do not reach the kernels already kept.
+runs instead while a launch hook is installed (``knobs.runtime.launch_enter_hook``: profilers), under
+``TRITON_INTERPRET=1``, and with ``$FUSED_GEGLU_TRITON_FAST_LAUNCH=0`` (read at import). Options changed
+through Triton's knobs after a kernel's first launch (debug, instrumentation) do not reach the kernels
+already kept.
 """
 
 from __future__ import annotations
@@ -92,9 +94,10 @@ class FastKernel:
             if compiled is not None and hasattr(compiled, "packed_metadata"):
                 if len(self.kept) > 256:  # keys vary with alignment and sizes: keep the table bounded
                     self.kept.clear()
-                self.kept[key] = (compiled.run, compiled.function, compiled.packed_metadata)
+                # The compiled kernel itself rides along: it owns the loaded module the handle points into.
+                self.kept[key] = (compiled.run, compiled.function, compiled.packed_metadata, compiled)
             return
-        run, function, metadata = kept
+        run, function, metadata, _ = kept
         n = len(grid)
         run(grid[0], grid[1] if n > 1 else 1, grid[2] if n > 2 else 1, torch._C._cuda_getCurrentRawStream(device),
             function, metadata, None, None, None, *args)
