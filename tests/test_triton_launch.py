@@ -53,9 +53,11 @@ class _FakeCompiled:
     function, packed_metadata = "function-handle", "metadata"
 
     def __init__(self):
-        self.launches = []
+        self.launches, self.refusing = [], False
 
     def run(self, *call):
+        if self.refusing:  # a launcher that parses other arguments than these
+            raise TypeError("function takes exactly 12 arguments")
         self.launches.append(call)
 
 
@@ -107,6 +109,12 @@ def test_direct_launch_bookkeeping(kernel, monkeypatch):
     _Runtime.launch_enter_hook = type("Chain", (), {"calls": []})()  # Triton >= 3.5's empty chain: no hook
     fk((2,), (a, b, 16, 4), 4)
     assert fake.calls == 5 and len(fake.compiled.launches) == 2
+
+    fake.compiled.refusing = True  # a Triton whose launcher takes other arguments: its own path, from then on
+    fk((2,), (a, b, 16, 4), 4)
+    assert fake.calls == 6 and not fk.fast and not fk.kept
+    fk((2,), (a, b, 16, 4), 4)
+    assert fake.calls == 7
 
 
 class _NoTritonPath:

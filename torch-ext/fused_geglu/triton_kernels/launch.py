@@ -99,5 +99,12 @@ class FastKernel:
             return
         run, function, metadata, _ = kept
         n = len(grid)
-        run(grid[0], grid[1] if n > 1 else 1, grid[2] if n > 2 else 1, torch._C._cuda_getCurrentRawStream(device),
-            function, metadata, None, None, None, *args)
+        try:
+            run(grid[0], grid[1] if n > 1 else 1, grid[2] if n > 2 else 1, torch._C._cuda_getCurrentRawStream(device),
+                function, metadata, None, None, None, *args)
+        except TypeError:
+            # A Triton whose launcher takes other arguments (its argument parsing refuses them before
+            # anything is launched): Triton's own path from now on, for this kernel.
+            self.fast = False
+            self.kept.clear()
+            self.fn[grid](*args, num_warps=num_warps)
