@@ -166,19 +166,26 @@ def test_direct_launch_reuses_only_a_kernel_triton_would_pick(kernel, dtype, mon
         torch.testing.assert_close(out, ref, rtol=1e-2 if dtype != torch.float32 else 1e-5, atol=1e-2 if dtype != torch.float32 else 1e-5)
 
 
+def _kept(tk, shape, dtype, approximate):
+    """(gate, up, out) on the GPU, after one forward that compiled and kept the flat kernel for them."""
+    g, u = (torch.randn(*shape, device="cuda", dtype=dtype) for _ in range(2))
+    out = torch.empty_like(g)
+    tk.geglu_fwd(out, g, u, approximate)
+    return g, u, out
+
+
 @pytest.mark.gpu
 def test_direct_launch_goes_to_the_current_stream_and_into_a_cuda_graph(kernel):
     _, tk = _fast_or_skip(kernel)
-    dev = torch.device("cuda")
-    g, u = (torch.randn(64, 1000, device=dev, dtype=torch.bfloat16) for _ in range(2))
-    out = torch.empty_like(g)
-    tk.geglu_fwd(out, g, u, "none")  # compiled and kept
+    g, u, out = _kept(tk, (64, 1000), torch.bfloat16, "none")
     ref = _triton_path_out(tk, g, u, 1)
+    # The kept launcher must launch on the current stream: under capture a launch on another stream (the
+    # legacy default one) would be an error, or run outside the graph.
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
-        tk.geglu_fwd(out, g, u, "none")  # the launch lands on the capture stream (a launch on the legacy
-    graph = torch.cuda.CUDAGraph()  # stream during capture would be an error)
+        tk.geglu_fwd(out, g, u, "none")
+    graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph, stream=side):
         tk.geglu_fwd(out, g, u, "none")
     out.zero_()
@@ -192,10 +199,7 @@ def test_a_launch_hook_gets_tritons_own_path(kernel):
     _, tk = _fast_or_skip(kernel)
     from triton import knobs
 
-    dev = torch.device("cuda")
-    g, u = (torch.randn(8, 512, device=dev, dtype=torch.float16) for _ in range(2))
-    out = torch.empty_like(g)
-    tk.geglu_fwd(out, g, u, "tanh")
+    g, u, out = _kept(tk, (8, 512), torch.float16, "tanh")
     seen = []
     chain = knobs.runtime.launch_enter_hook
     for install in ("add", "assign"):  # Triton >= 3.5 chains hooks (add/remove); a plain function replaces the slot

@@ -87,6 +87,18 @@ def host_us(fn, n: int = 50, device: torch.device | None = None) -> float:
     return statistics.median(times)
 
 
+def span_us(fn, n: int = 50) -> float:
+    """CUDA-event span of one call issued back to back (as the harness times it), median of ``n``."""
+    ev = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(n)]
+    torch.cuda.synchronize()
+    for s, e in ev:
+        s.record()
+        fn()
+        e.record()
+    torch.cuda.synchronize()
+    return statistics.median(s.elapsed_time(e) * 1e3 for s, e in ev)
+
+
 def environment() -> dict:
     """Where the numbers came from: device, driver, versions, the commit the build was made from."""
     try:

@@ -25,22 +25,10 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 from pathlib import Path
 
 import torch
-from _diag import SHAPES, eager_mlp, host_us as _host_us, kernel_times, load_kernel
-
-def _span_us(fn, n: int = 50) -> float:
-    ev = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(n)]
-    torch.cuda.synchronize()
-    for s, e in ev:
-        s.record()
-        fn()
-        e.record()
-    torch.cuda.synchronize()
-    return statistics.median(s.elapsed_time(e) * 1e3 for s, e in ev)
-
+from _diag import SHAPES, eager_mlp, host_us as _host_us, kernel_times, load_kernel, span_us as _span_us
 
 # --forced: ours with the auto policy's sm90 choice replaced, for deciding the no-graph decode rule.
 _FORCED_ENV = {"ours-cutlass": {"FUSED_GEGLU_SM90_MLP": "128x128/s1"}, "ours-cublas": {"FUSED_GEGLU_SM90_MLP": "no"}}

@@ -32,7 +32,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 import triton
-from _diag import SHAPES, eager_mlp, environment, host_us, load_kernel
+from _diag import SHAPES, eager_mlp, environment, host_us, load_kernel, span_us as _span_us
 
 
 def _pieces(k, m: int, h: int, i: int) -> dict:
@@ -80,18 +80,6 @@ def _pieces(k, m: int, h: int, i: int) -> dict:
         "k.geglu_mlp": lambda: k.geglu_mlp(x, wg, wu, wd, approximate="tanh"),
         "eager_mlp": lambda: eager_mlp(x, wg, wu, wd),
     }
-
-
-def _span_us(fn, n: int = 50) -> float:
-    """CUDA-event span of one call issued back to back (as the harness times it), median of ``n``."""
-    ev = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(n)]
-    torch.cuda.synchronize()
-    for s, e in ev:
-        s.record()
-        fn()
-        e.record()
-    torch.cuda.synchronize()
-    return statistics.median(s.elapsed_time(e) * 1e3 for s, e in ev)
 
 
 def _without_rule(k, rule: str):
