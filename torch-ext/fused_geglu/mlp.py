@@ -73,7 +73,8 @@ def _auto_route(key: tuple) -> tuple[str, str]:
     M x I elements outside capture, when Triton's launcher cost more host time than ATen's three calls;
     with the pointwise kernels launched through ``triton_kernels/launch.py`` Triton's is the cheaper
     on the host as well (H100, M = 16: 49-50 against 56-57 µs of host time per MLP call, CUDA-event span
-    60 / 85 / 120 against 68 / 96 / 130 µs; ``benchmarks/RESULTS.md``, "Triton launches")."""
+    60 / 85 / 120 against 68 / 96 / 130 µs; ``benchmarks/RESULTS.md``, "Triton launches and the noarch
+    route's host time")."""
     device, m, h, i, capturing = key
     backend = _pick(device, "auto", m, h, i, capturing)
     pointwise = _geglu._pick(device, "auto", "fwd", m * i, True) if backend in ("cuda", GEMM_ROUTE) else backend
