@@ -41,6 +41,20 @@ def _skip_unless_sm90_compiled(kernel, device, why: str) -> None:
         pytest.skip(f"no compiled CUDA library in this build ({kernel.__name__}, noarch)")
 
 
+def _captured_auto_call(kernel, x, params, fresh):
+    """``kernel.geglu_mlp(x, *params)`` (auto, tanh) captured in a CUDA graph, then replayed after
+    ``fresh()`` refilled x: ``(y, the backend the captured call ran)``. Warm-up is the caller's (each
+    path's first call compiles Triton kernels or sets up cuBLAS, which capture does not allow)."""
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        y = kernel.geglu_mlp(x, *params, approximate="tanh")
+    ran = kernel.last_backend("geglu_mlp")
+    x.copy_(fresh())
+    g.replay()
+    torch.cuda.synchronize()
+    return y, ran
+
+
 def _skip_without_compiled_cuda(kernel, device) -> None:
     """Skip in a build without the compiled CUDA library (the noarch torch-cuda): the compiled
     cuBLAS + pointwise calls these tests compare are the compiled variant's."""
@@ -442,13 +456,8 @@ def test_geglu_mlp_auto_under_graph_capture(kernel, device, m, expected):
         kernel.geglu_mlp(x, *params, approximate="tanh")
         kernel.geglu_mlp(x, *params, approximate="tanh", backend="triton")
         torch.cuda.synchronize()
-        g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g):
-            y = kernel.geglu_mlp(x, *params, approximate="tanh")
-        assert kernel.last_backend("geglu_mlp") == expected
-        x.copy_(randn(m, h, dtype=torch.bfloat16, device=device))
-        g.replay()
-        torch.cuda.synchronize()
+        y, ran = _captured_auto_call(kernel, x, params, lambda: randn(m, h, dtype=torch.bfloat16, device=device))
+        assert ran == expected
     ref = kernel.reference.geglu_mlp_ref(x, *params, approximate="tanh")
     assert_close(y, ref, _eager(x, *params, "tanh"), f"geglu_mlp auto captured at M={m}")
 
@@ -468,22 +477,15 @@ def test_geglu_mlp_auto_between_decode_and_prefill(kernel, device, m, h, capture
     x = randn(m, h, dtype=torch.bfloat16, device=device)
     params = [p.detach() for p in _params(h, i, torch.bfloat16, device, biases=True)]
     policy = importlib.import_module(kernel.__name__ + ".policy")
+    launch = policy.sm90_mlp_launch(m, h, x.device, capturing_now=int(captured))
     with torch.no_grad():
         if captured:
             # Both paths once outside capture (cuBLAS sets up its handle and workspace there).
             kernel.geglu_mlp(x, *params, approximate="tanh")
             _eager(x, *params, "tanh")
             torch.cuda.synchronize()
-            g = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(g):
-                launch = policy.sm90_mlp_launch(m, h, x.device)
-                y = kernel.geglu_mlp(x, *params, approximate="tanh")
-            ran = kernel.last_backend("geglu_mlp")
-            x.copy_(randn(m, h, dtype=torch.bfloat16, device=device))
-            g.replay()
-            torch.cuda.synchronize()
+            y, ran = _captured_auto_call(kernel, x, params, lambda: randn(m, h, dtype=torch.bfloat16, device=device))
         else:
-            launch = policy.sm90_mlp_launch(m, h, x.device)
             y = kernel.geglu_mlp(x, *params, approximate="tanh")
             ran = kernel.last_backend("geglu_mlp")
     assert ran == ("cuda+gemm" if launch is None else "cuda:sm90"), launch
@@ -513,13 +515,8 @@ def test_geglu_mlp_auto_without_the_compiled_library(kernel, device, m, captured
         with torch.no_grad():
             kernel.geglu_mlp(x, *det, approximate="tanh")  # Triton compiles outside the capture
             torch.cuda.synchronize()
-            g = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(g):
-                y = kernel.geglu_mlp(x, *det, approximate="tanh")
-            assert kernel.last_backend("geglu_mlp") == expected
-            x.copy_(randn(m, h, dtype=torch.bfloat16, device=device))
-            g.replay()
-            torch.cuda.synchronize()
+            y, ran = _captured_auto_call(kernel, x, det, lambda: randn(m, h, dtype=torch.bfloat16, device=device))
+            assert ran == expected
         ref = kernel.reference.geglu_mlp_ref(x, *det, approximate="tanh")
         assert_close(y, ref, _eager(x, *det, "tanh"), f"geglu_mlp auto, graph, M={m}")
         return
