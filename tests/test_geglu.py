@@ -253,6 +253,70 @@ def test_forward_may_write_over_gate(kernel, device, backend, shape):
     assert torch.equal(gate, separate)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("approximate", ["none", "tanh"])
+def test_torch_backend_row_blocks_give_one_pass_bits(kernel, monkeypatch, dtype, approximate):
+    """On CPU tensors the torch backend splits a large call into row blocks (geglu._by_row_blocks: its
+    fp32 intermediates then stay in cache instead of being page-faulted in per call). Every form runs
+    blocked (separate and packed, forward and backward, the MLP's forward and in-place backward) and
+    gives what one unblocked pass gives: within a few fp32 rounding steps, since ATen's vector loops
+    hand the last elements of a block to their scalar forms (a last-bit difference, as at ATen's own
+    thread splits); and the pointwise results stay within eager's error of float64. The row counts
+    leave a partial last block, and the packed halves are strided rows."""
+    impl = importlib.import_module(kernel.__name__ + ".geglu")
+    blocks = []
+    whole_fwd, whole_bwd, whole_h = impl._torch_fwd, impl._torch_bwd, impl._torch_bwd_h_block
+
+    def counted(fn):
+        return lambda *a: (blocks.append(a[0].shape[0]), fn(*a))[1]
+
+    m, d, h = 1201, 1000, 48  # 1.2M elements per operand: blocks of 524 rows, 524 + 524 + 153
+    gen = torch.Generator().manual_seed(3)
+    gate = randn(m, d, dtype=dtype, scale=2.0, gen=gen)
+    up, grad = randn(m, d, dtype=dtype, gen=gen), randn(m, d, dtype=dtype, gen=gen)
+    x = randn(m, h, dtype=dtype, gen=gen)
+    params = [randn(*s, dtype=dtype, scale=n**-0.5, gen=gen) for s, n in (((d, h), h), ((d, h), h), ((h, d), d))]
+
+    def run():
+        g, u = gate.clone().requires_grad_(), up.clone().requires_grad_()
+        y = kernel.geglu(g, u, approximate=approximate, backend="torch")
+        y.backward(grad)
+        p = torch.cat([gate, up], dim=-1).requires_grad_()
+        yp = kernel.geglu_packed(p, approximate=approximate, backend="torch")
+        yp.backward(grad)
+        xs = x.clone().requires_grad_()
+        ws = [w.clone().requires_grad_() for w in params]
+        ym = kernel.geglu_mlp(xs, *ws, approximate=approximate, backend="torch")
+        ym.backward(randn(m, h, dtype=dtype, gen=torch.Generator().manual_seed(4)))
+        return [y, g.grad, u.grad, yp, p.grad, ym, xs.grad, *(w.grad for w in ws)]
+
+    monkeypatch.setattr(impl, "_torch_fwd", counted(whole_fwd))
+    monkeypatch.setattr(impl, "_torch_bwd", counted(whole_bwd))
+    monkeypatch.setattr(impl, "_torch_bwd_h_block", counted(whole_h))
+    blocked = run()
+    # three calls of three blocks each: separate and packed forward and backward, the MLP's forward
+    # and in-place backward
+    assert blocks == [524, 524, 153] * 6, blocks
+    monkeypatch.setattr(impl, "_CPU_BLOCK", 1 << 40)
+    blocks.clear()
+    whole = run()
+    assert blocks == [m] * 6, blocks
+    names = ["y", "d gate", "d up", "packed y", "packed dx", "mlp y", "mlp dx", "mlp dW_gate", "mlp dW_up",
+             "mlp dW_down"]
+    for name, a, b in zip(names, blocked, whole):
+        diff, top = (a.detach().double() - b.detach().double()).abs().max(), b.detach().double().abs().max()
+        assert diff <= 4 * torch.finfo(dtype).eps * top, f"{name}: {diff} from one pass (largest |value| {top})"
+    g64, u64 = gate.double().requires_grad_(), up.double().requires_grad_()
+    ref = kernel.reference.geglu_ref(g64, u64, approximate)
+    ref_dg, ref_du = torch.autograd.grad(ref, (g64, u64), grad.double())
+    g, u = gate.clone().requires_grad_(), up.clone().requires_grad_()
+    eager = _eager(g, u, approximate)
+    e_dg, e_du = torch.autograd.grad(eager, (g, u), grad)
+    assert_close(blocked[0], ref, eager, "geglu, row blocks")
+    assert_close(blocked[1], ref_dg, e_dg, "d gate, row blocks", scale_ref=grad.double() * up.double())
+    assert_close(blocked[2], ref_du, e_du, "d up, row blocks")
+
+
 @pytest.mark.parametrize("backend", ["cpu", "triton", "cuda"])
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("approximate", ["none", "tanh"])

@@ -76,8 +76,8 @@ def _fwd_into(out2, gate2, up2, approximate: str, backend: str) -> None:
         ops.geglu_fwd(out2, gate2, up2, _APPROX_CODE[approximate])
     elif backend == "triton":
         _triton().geglu_fwd(out2, gate2, up2, approximate)
-    else:  # ATen in fp32, one rounding: mul promotes up2 and casts once on the store (see _torch_bwd_h)
-        torch.mul(gelu(gate2.float(), approximate), up2, out=out2)
+    else:
+        _by_row_blocks(_torch_fwd, approximate, out2, gate2, up2)
 
 
 def _bwd_into(dgate2, dup2, grad2, gate2, up2, approximate: str, backend: str) -> None:
@@ -87,10 +87,45 @@ def _bwd_into(dgate2, dup2, grad2, gate2, up2, approximate: str, backend: str) -
         ops.geglu_bwd(dgate2, dup2, grad2, gate2, up2, _APPROX_CODE[approximate])
     elif backend == "triton":
         _triton().geglu_bwd(dgate2, dup2, grad2, gate2, up2, approximate)
-    else:  # ATen in fp32, each result rounded once on its store (see _torch_bwd_h)
-        g = gate2.float()
-        torch.mul(torch.ops.aten.gelu_backward(grad2.float(), g, approximate=approximate), up2, out=dgate2)
-        torch.mul(gelu(g, approximate), grad2, out=dup2)
+    else:
+        _by_row_blocks(_torch_bwd, approximate, dgate2, dup2, grad2, gate2, up2)
+
+
+# ---- the "torch" backend: ATen in fp32, each result rounded once on its store -----------------
+
+# On CPU tensors the "torch" backend works in row blocks of about this many elements. Its fp32
+# intermediates are as large as the operands, and glibc serves allocations above its mmap threshold
+# (at most 32 MB) straight from the OS: unblocked, a [2048, 4096] bf16 call page-faulted fresh 32 MB
+# temporaries in on every call and streamed them through memory (forward 54.5 ms against eager's 19.2,
+# 2 cores). Blocks of 2 MB (fp32) reuse the allocator's chunks and stay in cache: 9.5 ms
+# (benchmarks/RESULTS.md, "CPU tensors: the compiled CPU backend against eager"). Each output element
+# depends only on the same element of the inputs, so blocks compute the same values, in place too (in
+# the last bit they may not: ATen's vector loops run a block's last elements through their scalar
+# forms, as they already do at their own thread splits).
+_CPU_BLOCK = 1 << 19
+
+
+def _by_row_blocks(fn, approximate: str, *ts) -> None:
+    """``fn(*ts, approximate)`` over 2-D ``ts`` of one shape: at once off the CPU or up to twice
+    ``_CPU_BLOCK`` elements, else on row slices of about ``_CPU_BLOCK`` elements each."""
+    rows, cols = ts[0].shape
+    if rows * cols <= 2 * _CPU_BLOCK or ts[0].device.type != "cpu":
+        fn(*ts, approximate)
+        return
+    step = max(1, _CPU_BLOCK // cols)
+    for start in range(0, rows, step):
+        fn(*(t[start:start + step] for t in ts), approximate)
+
+
+def _torch_fwd(out2, gate2, up2, approximate: str) -> None:
+    # mul promotes up2 and casts once on the store (see _torch_bwd_h)
+    torch.mul(gelu(gate2.float(), approximate), up2, out=out2)
+
+
+def _torch_bwd(dgate2, dup2, grad2, gate2, up2, approximate: str) -> None:
+    g = gate2.float()
+    torch.mul(torch.ops.aten.gelu_backward(grad2.float(), g, approximate=approximate), up2, out=dgate2)
+    torch.mul(gelu(g, approximate), grad2, out=dup2)
 
 
 def _torch_bwd_h(dgate2, dup2, grad2, gate2, up2, approximate: str) -> None:
@@ -105,6 +140,10 @@ def _torch_bwd_h(dgate2, dup2, grad2, gate2, up2, approximate: str) -> None:
     this, a bf16 training step took up to 1.8x eager's time (M = 2048, H = 1024, I = 4096, 2 cores).
     Eager's own numerics (ops in bf16, each rounding) would cost fewer passes; they also left a bf16 FSDP
     training run of 2 SGD steps at 3.4x eager's loss error from float64 (test_fsdp), past the 2x allowed."""
+    _by_row_blocks(_torch_bwd_h_block, approximate, dgate2, dup2, grad2, gate2, up2)
+
+
+def _torch_bwd_h_block(dgate2, dup2, grad2, gate2, up2, approximate: str) -> None:
     g, dy = gate2.float(), grad2.float()  # in fp32 these are the tensors themselves: read before overwritten
     gl = gelu(g, approximate)
     d = torch.ops.aten.gelu_backward(dy, g, approximate=approximate)  # dy * gelu'(gate)
