@@ -96,13 +96,14 @@ def _bwd_into(dgate2, dup2, grad2, gate2, up2, approximate: str, backend: str) -
 # On CPU tensors the "torch" backend works in row blocks of about this many elements. Its fp32
 # intermediates are as large as the operands, and glibc serves allocations above its mmap threshold
 # (at most 32 MB) straight from the OS: unblocked, a [2048, 4096] bf16 call page-faulted fresh 32 MB
-# temporaries in on every call and streamed them through memory (forward 54.5 ms against eager's 19.2,
-# 2 cores). Blocks of 2 MB (fp32) reuse the allocator's chunks and stay in cache: 9.5 ms
+# temporaries in on every call and streamed them through memory. In blocks of 4 MB (fp32) they reuse
+# the allocator's chunks and stay in cache: a `geglu` training step there 122.8 -> 30.8 ms, the
+# forward 29.9 -> 9.5 ms (eager's about 19), 2 cores; up to 2M elements blocks gained nothing
 # (benchmarks/RESULTS.md, "CPU tensors: the compiled CPU backend against eager"). Each output element
 # depends only on the same element of the inputs, so blocks compute the same values, in place too (in
 # the last bit they may not: ATen's vector loops run a block's last elements through their scalar
 # forms, as they already do at their own thread splits).
-_CPU_BLOCK = 1 << 19
+_CPU_BLOCK = 1 << 20
 
 
 def _by_row_blocks(fn, approximate: str, *ts) -> None:
