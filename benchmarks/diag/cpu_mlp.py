@@ -1,8 +1,10 @@
 """The MLP on CPU tensors: ``geglu_mlp`` (the compiled CPU backend: ATen GEMMs around the C++ GeGLU, the
 C++ training node) against the eager module, forward (no_grad) and training step, fp32 and bf16; and the
-GeGLU pointwise alone (``geglu`` on [1024, 2048], both GELU flavours) against ``F.gelu(gate) * up``.
+GeGLU pointwise alone (``geglu`` on [1024, 2048], or ``--geglu-shapes``, both GELU flavours) against
+``F.gelu(gate) * up``.
 
     python3 benchmarks/diag/cpu_mlp.py --out DIR [--rounds 6] [--calls 3] [--ops geglu_mlp,geglu] [--dtypes ...]
+        [--geglu-shapes 1024x2048,2048x4096]
 
 ``autocast_bf16`` rows: float32 tensors with both sides under ``torch.autocast("cpu", bfloat16)``, a region
 per call (a training step's). ``autocast_bf16_region`` rows (forward only): each side's ``--calls`` calls
@@ -59,6 +61,9 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=6)
     p.add_argument("--calls", type=int, default=3)
     p.add_argument("--ops", default="geglu_mlp,geglu", help="comma-separated: geglu_mlp (the MLP), geglu (pointwise)")
+    p.add_argument("--geglu-shapes", default="1024x2048",
+                   help="the geglu rows' [M, I], comma-separated MxI (above 2M elements the torch backend, "
+                        "which torch-cpu runs, works in row blocks)")
     p.add_argument("--dtypes", default=",".join(MLP_DTYPES), help=f"the MLP rows' dtypes, of {','.join(MLP_DTYPES)}")
     args = p.parse_args()
     ops = set(args.ops.split(","))
@@ -111,9 +116,10 @@ def main() -> None:
                 rows.append(row)
                 print(f"{row['dtype']:13} M={m:5} H={h:5} I={i:5} {row['mode']:5} eager {row['eager_ms']:8.2f} ms "
                       f"ours {row['ours_ms']:8.2f} ms  ours/eager {row['ours_over_eager']:.2f}", flush=True)
-    for dtype in (torch.float32, torch.bfloat16) if "geglu" in ops else ():
+    geglu_shapes = [tuple(int(n) for n in s.split("x")) for s in args.geglu_shapes.split(",") if s]
+    for (gm, gi), dtype in ((s, d) for s in geglu_shapes for d in (torch.float32, torch.bfloat16)) if "geglu" in ops else ():
         for approximate in ("tanh", "none"):
-            gate, up, dy = (torch.randn(1024, 2048).to(dtype) for _ in range(3))
+            gate, up, dy = (torch.randn(gm, gi).to(dtype) for _ in range(3))
             for train in (False, True):
                 leaves = [gate.clone().requires_grad_(train), up.clone().requires_grad_(train)]
                 fns = {"eager": lambda g, u: torch.nn.functional.gelu(g, approximate=approximate) * u,
@@ -124,13 +130,13 @@ def main() -> None:
                 for r in range(args.rounds):
                     for name in (("eager", "ours") if r % 2 == 0 else ("ours", "eager")):
                         times[name] += [_one(fns[name], leaves, dy, train) for _ in range(5 * args.calls)]
-                row = {"op": "geglu", "dtype": str(dtype).replace("torch.", ""), "M": 1024, "I": 2048,
+                row = {"op": "geglu", "dtype": str(dtype).replace("torch.", ""), "M": gm, "I": gi,
                        "approximate": approximate, "mode": "train" if train else "fwd",
                        "backend": k.last_backend("geglu"),
                        **{f"{n}_ms": statistics.median(t) * 1e3 for n, t in times.items()}}
                 row["ours_over_eager"] = row["ours_ms"] / row["eager_ms"]
                 rows.append(row)
-                print(f"geglu {row['dtype']:9} [1024, 2048] {approximate:4} {row['mode']:5} "
+                print(f"geglu {row['dtype']:9} [{gm}, {gi}] {approximate:4} {row['mode']:5} "
                       f"eager {row['eager_ms']:6.2f} ms ours {row['ours_ms']:6.2f} ms  "
                       f"ours/eager {row['ours_over_eager']:.2f}", flush=True)
     env = {"device": "cpu", "cpu": _cpu_model(), "threads": torch.get_num_threads(),
