@@ -255,7 +255,7 @@ def test_forward_may_write_over_gate(kernel, device, backend, shape):
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
 @pytest.mark.parametrize("approximate", ["none", "tanh"])
-def test_torch_backend_row_blocks_give_one_pass_bits(kernel, monkeypatch, dtype, approximate):
+def test_torch_backend_row_blocks_match_one_pass(kernel, monkeypatch, dtype, approximate):
     """On CPU tensors the torch backend splits a large call into row blocks (geglu._by_row_blocks: its
     fp32 intermediates then stay in cache instead of being page-faulted in per call). Every form runs
     blocked (separate and packed, forward and backward, the MLP's forward and in-place backward) and

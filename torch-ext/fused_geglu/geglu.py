@@ -97,8 +97,8 @@ def _bwd_into(dgate2, dup2, grad2, gate2, up2, approximate: str, backend: str) -
 # intermediates are as large as the operands, and glibc serves allocations above its mmap threshold
 # (at most 32 MB) straight from the OS: unblocked, a [2048, 4096] bf16 call page-faulted fresh 32 MB
 # temporaries in on every call and streamed them through memory. In blocks of 4 MB (fp32) they reuse
-# the allocator's chunks and stay in cache: a `geglu` training step there 122.8 -> 30.8 ms, the
-# forward 29.9 -> 9.5 ms (eager's about 19), 2 cores; up to 2M elements blocks gained nothing
+# the allocator's chunks and stay in cache: there the forward took 54.3 -> 9.6 ms (eager's 9.0) and a
+# training step 138 -> 33.8 ms (eager's 24.7), 2 cores; at 2M elements blocks gained nothing
 # (benchmarks/RESULTS.md, "CPU tensors: the compiled CPU backend against eager"). Each output element
 # depends only on the same element of the inputs, so blocks compute the same values, in place too (in
 # the last bit they may not: ATen's vector loops run a block's last elements through their scalar
