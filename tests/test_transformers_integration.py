@@ -78,6 +78,15 @@ def _pixtral():
         image_size=32, patch_size=8))
 
 
+def _kosmos2_5_vision():
+    # Kosmos-2.5's vision encoder (Pix2Struct's): T5-style wi_0 / wi_1 / wo MLPs, tanh GELU ("gelu_new").
+    from transformers.models.kosmos2_5.modeling_kosmos2_5 import Kosmos2_5VisionModel
+
+    return Kosmos2_5VisionModel(transformers.Kosmos2_5VisionConfig(
+        hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4, head_dim=16,
+        patch_embed_hidden_size=48))
+
+
 def _modernbert(model_cls="ModernBertForMaskedLM", config_cls="ModernBertConfig", **kw):
     # ModernBERT: one packed Wi (GELU on its first half), exact GELU; mlp_bias adds biases to Wi and Wo.
     return lambda: getattr(transformers, model_cls)(getattr(transformers, config_cls)(
@@ -130,6 +139,7 @@ MODELS = {
     "umt5": (_seq2seq("UMT5ForConditionalGeneration", "UMT5Config"), "seq2seq", "UMT5DenseGatedActDense", 4),
     "longt5": (_seq2seq("LongT5ForConditionalGeneration", "LongT5Config"), "seq2seq", "LongT5DenseGatedActDense", 4),
     "pixtral": (_pixtral, "vision", "PixtralMLP", 2),
+    "kosmos2_5_vision": (_kosmos2_5_vision, "patches", "Kosmos2_5VisionMlp", 2),
     "gte": (_gte(), "causal", "GteMLP", 2),
     "zamba": (_zamba, "causal", "ZambaMLP", 2),
     "pi05": (_pi05_expert, "expert", "PI05MLP", 2),
@@ -156,6 +166,10 @@ def _inputs(kind, device, dtype, seed=1):
     if kind == "seq2seq":
         return {"input_ids": torch.randint(0, 128, (2, 8), generator=g).to(device),
                 "decoder_input_ids": torch.randint(0, 128, (2, 5), generator=g).to(device)}
+    if kind == "patches":  # Pix2Struct-style flattened patches: row and column index (from 1), then the pixels
+        patches = torch.randn(2, 16, 50, generator=g)
+        patches[..., 0], patches[..., 1] = torch.arange(16) // 4 + 1, torch.arange(16) % 4 + 1
+        return {"flattened_patches": patches.to(device, dtype), "attention_mask": torch.ones(2, 16, device=device)}
     if kind == "expert":
         return {"inputs_embeds": torch.randn(2, 8, G["hidden_size"], generator=g).to(device, dtype),
                 "timestep_embeds": torch.randn(2, G["hidden_size"], generator=g).to(device, dtype)}
@@ -312,7 +326,7 @@ def test_sources(source, device, kernel, build_dir, lockfile):
         _assert_kernel_forward(module, kernel, "GeGLUMLP")
 
 
-@pytest.mark.parametrize("family", ["gemma", "recurrent_gemma", "t5", "pixtral", "modernbert"])
+@pytest.mark.parametrize("family", ["gemma", "recurrent_gemma", "t5", "pixtral", "modernbert", "kosmos2_5_vision"])
 def test_bf16_matches_eager(family, device, kernel):
     model, kind, cls_name, count = _build(family, device, torch.bfloat16)
     eager = copy.deepcopy(model)
@@ -358,7 +372,7 @@ def _grads(model, inputs, weight):
 
 
 @pytest.mark.parametrize("family", ["gemma", "recurrent_gemma", "t5", "t5gemma", "pixtral", "modernbert", "zamba",
-                                    "pi05"])
+                                    "pi05", "kosmos2_5_vision"])
 def test_training_gradients_match(family, device, kernel):
     model, kind, cls_name, count = _build(family, device)
     model.train()  # every config here has dropout 0, so train and eval compute the same

@@ -122,6 +122,8 @@ FAMILIES: tuple[Family, ...] = (
     _t5("pop2piano", "pop2piano", "Pop2PianoDenseGatedActDense", notes="wo kept in fp32"),
     _t5("pix2struct_text", "pix2struct", "Pix2StructTextDenseGatedActDense", "decoder.layer[i].mlp.DenseReluDense"),
     _t5("pix2struct_vision", "pix2struct", "Pix2StructVisionMlp", "encoder.layer[i].mlp"),
+    _t5("kosmos2_5_vision", "kosmos2_5", "Kosmos2_5VisionMlp", "vision_model.encoder.layer[i].mlp",
+        notes="Kosmos-2.5's vision encoder (Pix2Struct's): tanh GELU ('gelu_new'), wo kept in fp32"),
     Family("modernbert", "transformers.models.modernbert.modeling_modernbert", "ModernBertMLP", "packed",
            "model.layers[i].mlp", "one packed Wi (GELU on its first half); exact GELU; optional biases"),
     Family("modernbert_decoder", "transformers.models.modernbert_decoder.modeling_modernbert_decoder",
