@@ -47,6 +47,19 @@ def test_spec_key_separates_what_triton_specializes_apart(kernel):
     assert launch.spec_key(2**31 - 16) != launch.spec_key(2**31)
 
 
+def test_direct_launch_only_on_a_checked_triton(kernel):
+    """A Triton outside the checked versions gets Triton's own path: its specialization or launcher
+    arguments may differ from what FastKernel assumes, which would run a kept kernel wrongly, silently."""
+    pytest.importorskip("triton")
+    launch, _ = _modules(kernel)
+    lo, hi = launch.CHECKED_TRITON
+    assert lo <= (3, 6) and hi >= (3, 9)  # the GPU machine's Triton and the CPU machines'
+    for version in ("3.6.0", "3.9.0", "3.7.1+git1234", "3.8.0rc1"):
+        assert launch.triton_checked(version), version
+    for version in ("3.5.1", "3.10.0", "4.0.0", "3.1", "dev", ""):
+        assert not launch.triton_checked(version), version
+
+
 class _FakeCompiled:
     """What Triton's path returns: the compiled kernel, whose ``run`` is its launcher."""
 

@@ -14,7 +14,10 @@ key it files the kernel under is at least as fine as Triton's own specialization
 (:func:`spec_key`; ``tests/test_triton_launch.py`` checks that against Triton's specializer), so a
 kept kernel is only ever reused for arguments Triton would have given the same kernel. Triton's path
 runs instead while a launch hook is installed (``knobs.runtime.launch_enter_hook``: profilers), under
-``TRITON_INTERPRET=1``, and with ``$FUSED_GEGLU_TRITON_FAST_LAUNCH=0`` (read at import). Options changed
+``TRITON_INTERPRET=1``, with ``$FUSED_GEGLU_TRITON_FAST_LAUNCH=0`` (read at import), and on a Triton outside
+the versions whose specialization and launcher arguments were checked (``CHECKED_TRITON``): a newer Triton
+that specialized on something more, or took its launcher's arguments in another order, would otherwise
+get a kept kernel run with arguments it was not compiled for, with no error. Options changed
 through Triton's knobs after a kernel's first launch (debug, instrumentation) do not reach the kernels
 already kept.
 """
@@ -27,6 +30,12 @@ import torch
 from triton.runtime.jit import JITFunction
 
 _I32_MIN, _I32_END, _U64_MIN = -(1 << 31), 1 << 31, 1 << 63
+# (major, minor) of the Tritons whose specializer spec_key was compared with (tests/test_triton_launch.py:
+# 3.9 on CPU; 3.6 on the GPU machine, whose GPU tests also check the kept kernel's results) and whose
+# launcher takes (grid x3, stream, function, packed metadata, launch metadata, enter hook, exit hook,
+# *args): 3.6 on the GPU, 3.9 read in its source (backends/nvidia/driver.py). 3.7 and 3.8 lie between
+# two checked ends of an unchanged interface.
+CHECKED_TRITON = ((3, 6), (3, 9))
 
 
 def spec_key(a) -> tuple:
@@ -41,10 +50,23 @@ def spec_key(a) -> tuple:
     return (type(a), a)
 
 
+def triton_checked(version: str) -> bool:
+    """Whether a Triton of this ``__version__`` is within ``CHECKED_TRITON`` (either end included)."""
+    try:
+        major, minor = (int(part) for part in version.split(".")[:2])
+    except ValueError:
+        return False
+    return CHECKED_TRITON[0] <= (major, minor) <= CHECKED_TRITON[1]
+
+
 def _usable() -> bool:
     if os.environ.get("FUSED_GEGLU_TRITON_FAST_LAUNCH", "1").strip().lower() in ("0", "no", "off", "false"):
         return False
     if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
+        return False
+    import triton
+
+    if not triton_checked(triton.__version__):
         return False
     try:
         from triton import knobs  # Triton >= 3.4: where the launch hooks live
