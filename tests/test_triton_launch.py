@@ -142,7 +142,7 @@ class _NoTritonPath:
 def _fast_or_skip(kernel):
     launch, tk = _modules(kernel)
     if not launch.ENABLED or not tk._FWD_FLAT.fast:
-        pytest.skip("the direct launch is off here (TRITON_INTERPRET, FUSED_GEGLU_TRITON_FAST_LAUNCH=0, or Triton < 3.4)")
+        pytest.skip("the direct launch is off here (TRITON_INTERPRET, FUSED_GEGLU_TRITON_FAST_LAUNCH=0, or a Triton outside launch.CHECKED_TRITON)")
     return launch, tk
 
 
