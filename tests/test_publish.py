@@ -13,7 +13,7 @@ from types import SimpleNamespace
 import pytest
 
 from conftest import REPO_CACHE_DIR, REPO_ID, VERSION
-from fused_geglu_tools import card, digest, public_api, publish, verify
+from fused_geglu_tools import abi, card, digest, public_api, publish, verify
 
 BRANCH = f"v{VERSION}"  # the branch publish writes: build.toml's version
 CLEAN = {"commit": "0123456789abcdef0123456789abcdef01234567", "dirty": False}
@@ -121,6 +121,19 @@ def test_refuses_a_tampered_build_even_when_forced(repo_root, clean_build, tmp_p
     (verify.find_variants(clean_build)[0] / "injected.py").write_text("")
     assert dry_run(repo_root, clean_build, tmp_path / "dry", "--allow-dirty") == publish.EXIT_REFUSED
     assert "unknown file: injected.py" in capsys.readouterr().err
+
+
+def test_refuses_a_library_that_breaks_the_portability_policy_even_when_forced(
+        repo_root, clean_build, tmp_path, monkeypatch, capsys):
+    compiled = [v for v in verify.find_variants(clean_build) if abi.libraries(v)]
+    if not compiled:
+        pytest.skip("no compiled variant was built on this machine")
+    monkeypatch.setattr(abi, "library_violations", lambda path: ["__libc_single_threaded needs GLIBC 2.32"])
+    assert dry_run(repo_root, clean_build, tmp_path / "dry", "--allow-dirty") == publish.EXIT_REFUSED
+    err = capsys.readouterr().err
+    assert f"{compiled[0].name}: a compiled library would not load everywhere" in err
+    assert "__libc_single_threaded needs GLIBC 2.32" in err
+    assert not (tmp_path / "dry").exists()
 
 
 def test_refuses_a_build_without_recorded_git_state_unless_allowed(repo_root, clean_build, tmp_path, capsys):

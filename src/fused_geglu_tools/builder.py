@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
-from . import __version__, templates, toolchain
+from . import __version__, abi, templates, toolchain
 from .buildconfig import BuildConfig, KernelSection, load_build_config
 from .gitid import SourceIdentity, source_identity
 from .metadata import write_metadata
@@ -269,7 +269,24 @@ def _compile_shared_object(
     libs += toolchain.shared_libstdcxx_flags(tc.cxx)
     _run([tc.cxx, "-shared", "-fPIC", *map(str, objects), "-o", str(out), *libs], f"linked {out.name}")
     toolchain.check_shared_libstdcxx(out)
+    _report_portability(out)
     return sorted(archs)
+
+
+def _report_portability(lib: Path) -> None:
+    """Log whether ``lib`` meets the Hub's policy. Only a warning here: the library loads on this machine,
+    and `fused-geglu verify` / `publish` are where a library that would not load elsewhere is refused."""
+    try:
+        found = abi.library_violations(lib)
+    except (abi.CheckerMissing, ValueError) as e:
+        _log(f"{lib.name}: portability not checked: {e}")
+        return
+    if not found:
+        _log(f"{lib.name}: portable ({abi.POLICY})")
+        return
+    _log(f"warning: {lib.name} breaks {abi.POLICY}: it loads here, but `fused-geglu publish` refuses it")
+    for line in found:
+        _log(f"  {line}")
 
 
 def _cuda_capabilities(section: KernelSection) -> list[str]:

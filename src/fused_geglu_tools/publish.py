@@ -10,8 +10,9 @@ Two trees go up, as kernel-builder's ``upload`` lays them out:
   the new digest);
 - branch ``main``: ``README.md``, the card rendered from ``CARD.md`` (:mod:`.card`).
 
-Before anything is uploaded the build must pass :mod:`.verify` (every digest intact; a build from
-a dirty tree only with ``--allow-dirty``), every variant must carry ``build.toml``'s name and
+Before anything is uploaded the build must pass :mod:`.verify` (every digest intact; every compiled
+library checked against the Hub's portability policy, :mod:`.abi`; a build from a dirty tree only
+with ``--allow-dirty``), every variant must carry ``build.toml``'s name and
 version, and when the branch ``v<version>`` already exists it must keep its API: the same
 ``__all__`` in every variant it has, and no variant dropped. Any such change needs a new major
 version (bump ``version`` in ``build.toml``), so there is no flag to override it.
@@ -33,7 +34,7 @@ import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import card, public_api, verify
+from . import abi, card, public_api, verify
 from .buildconfig import hub_repo_id
 
 REPO_TYPE = "kernel"
@@ -120,6 +121,9 @@ def check_build(build_dir: Path, general: dict, *, allow_dirty: bool) -> list[ve
                 f"{r.variant} is {r.name} version {r.version}, but build.toml says "
                 f"{general['name']} version {general['version']}; rebuild"
             )
+        elif not r.portable:
+            reasons.append(f"{r.variant}: a compiled library would not load everywhere the Hub promises "
+                           f"({abi.POLICY}):\n{verify.format_report(r)}")
         elif not r.clean and not allow_dirty:
             state = "a dirty working tree" if r.dirty else "an unrecorded git state"
             reasons.append(
@@ -288,7 +292,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="fused-geglu publish",
         description="Upload build/<variant> (and benchmarks/) to branch v<version> of a Hub kernel repository "
         "and the card rendered from CARD.md as README.md on main.",
-        epilog="exit codes: 0 uploaded / dry run written; 1 refused (digest mismatch, dirty build, version "
+        epilog="exit codes: 0 uploaded / dry run written; 1 refused (digest mismatch, a library that is not portable, dirty build, version "
         "mismatch, API or variant change on an existing branch); 2 usage (no build, build.toml, CARD.md); "
         "3 Hub error. Needs a write token (HF_TOKEN or `hf auth login`) unless --dry-run.",
     )

@@ -8,7 +8,7 @@ folder has but the digest does not list (unknown) and the files whose bytes diff
 
 It also reports the provenance the builder recorded (kernel git commit, dirty flag): a build made
 from a working tree with uncommitted changes is flagged, because its commit does not say what
-was built.
+was built; and whether each compiled library meets the Hub's portability policy (:mod:`.abi`).
 
 Nothing here imports the kernel or touches the network.
 """
@@ -21,7 +21,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import digest
+from . import abi, digest
 
 METADATA = "metadata.json"
 
@@ -30,6 +30,7 @@ EXIT_OK = 0
 EXIT_INTEGRITY = 1  # a file is missing / unknown / changed, or metadata.json is unusable
 EXIT_USAGE = 2  # PATH does not exist or holds no variant
 EXIT_DIRTY = 3  # every digest matches, but a variant was built from a dirty tree (or says nothing)
+EXIT_NOT_PORTABLE = 4  # every digest matches, but a compiled library breaks abi.POLICY (or was not checked)
 
 
 @dataclass
@@ -47,6 +48,9 @@ class VariantReport:
     dirty: bool | None = None  # provenance.kernel.dirty; None = not recorded
     builder_version: str | None = None  # provenance.kernel-builder.version
     files_checked: int = 0
+    abi_violations: dict[str, list[str]] = field(default_factory=dict)  # library -> abi.library_violations
+    abi_unchecked: str | None = None  # why the compiled libraries could not be checked
+
 
     @property
     def variant(self) -> str:
@@ -56,6 +60,11 @@ class VariantReport:
     def intact(self) -> bool:
         """Every file matches the digest and the metadata is usable."""
         return not (self.missing or self.unknown or self.changed or self.errors)
+
+    @property
+    def portable(self) -> bool:
+        """Every compiled library was checked and meets abi.POLICY (a noarch variant has none)."""
+        return not self.abi_violations and self.abi_unchecked is None
 
     @property
     def clean(self) -> bool:
@@ -74,6 +83,8 @@ class VariantReport:
             "changed": self.changed,
             "errors": self.errors,
             "files_checked": self.files_checked,
+            "portable": self.portable,
+            "abi": {"policy": abi.POLICY, "violations": self.abi_violations, "unchecked": self.abi_unchecked},
             "provenance": {"commit": self.commit, "dirty": self.dirty, "kernel-builder": self.builder_version},
         }
 
@@ -154,7 +165,17 @@ def verify_variant(variant_dir: Path) -> VariantReport:
     report.missing = sorted(set(expected) - set(actual))
     report.unknown = sorted(set(actual) - set(expected))
     report.changed = sorted(p for p in set(expected) & set(actual) if expected[p] != actual[p])
+    _check_portability(report)
     return report
+
+
+def _check_portability(report: VariantReport) -> None:
+    if not abi.libraries(report.path):
+        return
+    try:
+        report.abi_violations = abi.variant_violations(report.path)
+    except (abi.CheckerMissing, ValueError) as e:
+        report.abi_unchecked = str(e)
 
 
 def verify_tree(path: Path) -> list[VariantReport]:
@@ -184,6 +205,11 @@ def format_report(report: VariantReport) -> str:
             lines.append(f"  {label} file: {p}")
     for err in report.errors:
         lines.append(f"  error: {err}")
+    for lib, found in report.abi_violations.items():
+        lines.append(f"  not portable ({abi.POLICY}): {lib}")
+        lines += [f"    {v}" for v in found]
+    if report.abi_unchecked:
+        lines.append(f"  portability not checked: {report.abi_unchecked}")
     commit = report.commit or "unknown"
     if report.dirty is None:
         state = "dirty flag not recorded"
@@ -200,6 +226,8 @@ def exit_code(reports: list[VariantReport], *, allow_dirty: bool = False) -> int
         return EXIT_USAGE
     if not all(r.intact for r in reports):
         return EXIT_INTEGRITY
+    if not all(r.portable for r in reports):
+        return EXIT_NOT_PORTABLE
     if not allow_dirty and not all(r.clean for r in reports):
         return EXIT_DIRTY
     return EXIT_OK
@@ -211,7 +239,8 @@ def build_parser() -> argparse.ArgumentParser:
         description="Re-hash build variants against the digest in their metadata.json and report provenance.",
         epilog=(
             "exit codes: 0 all variants intact and clean; 1 a file is missing/unknown/changed or metadata is "
-            "unusable; 2 PATH holds no variant; 3 intact, but built from a dirty tree (see --allow-dirty)"
+            "unusable; 2 PATH holds no variant; 3 intact, but built from a dirty tree (see --allow-dirty); 4 intact, "
+            f"but a compiled library breaks the Hub's policy ({abi.POLICY}) or could not be checked"
         ),
     )
     parser.add_argument(
@@ -251,7 +280,9 @@ def main(argv: list[str]) -> int:
             print(format_report(r))
         n_bad = sum(not r.intact for r in reports)
         n_dirty = sum(not r.clean for r in reports)
-        print(f"{len(reports)} variant(s): {len(reports) - n_bad} intact, {n_bad} failed, {n_dirty} not clean")
+        n_moved = sum(not r.portable for r in reports)
+        print(f"{len(reports)} variant(s): {len(reports) - n_bad} intact, {n_bad} failed, {n_dirty} not clean, "
+              f"{n_moved} not portable")
     return code
 
 
