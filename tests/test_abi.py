@@ -16,15 +16,17 @@ from fused_geglu_tools import abi, verify
 
 pytest.importorskip("kernel_abi_check", reason="requirements/dev.txt pins kernel-abi-check")
 
-# libstdc++'s inline reference counting reads this glibc 2.32 symbol (torch-ext/libc_compat.cpp)
-NEEDS_GLIBC_2_32 = """
+# Built on a newer glibc, this needs __libc_single_threaded (glibc >= 2.32: libstdc++'s inline reference
+# counting) and __isoc23_strtol (glibc >= 2.38: std::stol under _GNU_SOURCE); torch-ext/libc_compat.cpp
+# says why.
+NEEDS_NEWER_GLIBC = """
 #include <memory>
 #include <sstream>
 #include <string>
-std::string describe(int x) {
+std::string describe(const std::string& text) {
   std::ostringstream s;
-  s << x;
-  auto p = std::make_shared<int>(x);
+  s << std::stol(text);
+  auto p = std::make_shared<int>(1);
   return s.str() + std::to_string(*p);
 }
 """
@@ -50,20 +52,23 @@ def _glibc() -> tuple[int, int]:
     return tuple(int(p) for p in version.split(".")[:2]) if name == "glibc" else (0, 0)
 
 
-def test_libc_shim_removes_the_glibc_2_32_reference(tmp_path):
+def test_libc_shim_removes_the_newer_glibc_references(tmp_path):
     cxx = shutil.which("g++") or shutil.which("c++")
     if cxx is None:
         pytest.skip("no C++ compiler")
-    if _glibc() < (2, 32):
-        pytest.skip(f"glibc {_glibc()} headers: nothing references __libc_single_threaded")
+    glibc = _glibc()
+    if glibc < (2, 32):
+        pytest.skip(f"glibc {glibc} headers: the code references no symbol newer than 2.28")
     src = tmp_path / "describe.cpp"
-    src.write_text(NEEDS_GLIBC_2_32)
+    src.write_text(NEEDS_NEWER_GLIBC)
     plain, shimmed = tmp_path / "plain.so", tmp_path / "shimmed.so"
     shim = REPO_ROOT / "torch-ext" / "libc_compat.cpp"
     for out, extra in ((plain, []), (shimmed, [str(shim)])):
         subprocess.run([cxx, "-O2", "-fPIC", "-shared", str(src), *extra, "-o", str(out)], check=True)
     found = abi.library_violations(plain)
     assert any(v.startswith("__libc_single_threaded needs GLIBC 2.32") for v in found), found
+    if glibc >= (2, 38):
+        assert any(v.startswith("__isoc23_strtol needs GLIBC 2.38") for v in found), found
     assert abi.library_violations(shimmed) == []
 
 

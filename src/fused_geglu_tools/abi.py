@@ -9,8 +9,9 @@ kernel-builder checks every library it builds, and ``kernels check`` (kernels <=
   library loads wherever torch's own manylinux_2_28 wheels do.
 
 The Nix-free builder compiles with whatever compiler and glibc headers the machine has, so its
-libraries need the same check: a build on glibc 2.36 referenced ``__libc_single_threaded``
-(GLIBC_2.32) until ``torch-ext/libc_compat.cpp``, and would not have loaded on glibc 2.28-2.31.
+libraries need the same check: until ``torch-ext/libc_compat.cpp``, a build on glibc 2.36 referenced
+``__libc_single_threaded`` (GLIBC_2.32) and one on glibc 2.39 also ``__isoc23_strtol`` (GLIBC_2.38),
+so neither would have loaded on glibc 2.28-2.31 (RHEL 8, Ubuntu 20.04) or 2.28-2.37.
 """
 
 from __future__ import annotations
