@@ -51,7 +51,6 @@ class VariantReport:
     abi_violations: dict[str, list[str]] = field(default_factory=dict)  # library -> abi.library_violations
     abi_unchecked: str | None = None  # why the compiled libraries could not be checked
 
-
     @property
     def variant(self) -> str:
         return self.path.name
@@ -280,9 +279,9 @@ def main(argv: list[str]) -> int:
             print(format_report(r))
         n_bad = sum(not r.intact for r in reports)
         n_dirty = sum(not r.clean for r in reports)
-        n_moved = sum(not r.portable for r in reports)
+        n_unportable = sum(not r.portable for r in reports)
         print(f"{len(reports)} variant(s): {len(reports) - n_bad} intact, {n_bad} failed, {n_dirty} not clean, "
-              f"{n_moved} not portable")
+              f"{n_unportable} not portable")
     return code
 
 
