@@ -13,6 +13,7 @@ import pytest
 
 from conftest import REPO_ROOT
 from fused_geglu_tools import abi, verify
+from test_verify import copy_build
 
 pytest.importorskip("kernel_abi_check", reason="requirements/dev.txt pins kernel-abi-check")
 
@@ -32,15 +33,25 @@ std::string describe(const std::string& text) {
 """
 
 
-def compiled_variants(build_dir: Path) -> list[Path]:
-    return [v for v in verify.find_variants(build_dir) if abi.libraries(v)]
+def compiled_variants(build: Path) -> list[Path]:
+    return [v for v in verify.find_variants(build) if abi.libraries(v)]
 
 
-def test_every_compiled_variant_meets_the_hub_policy(build_dir):
-    variants = compiled_variants(build_dir)
-    if not variants:
+@pytest.fixture
+def compiled_build(build_dir) -> Path:
+    """The shared build/, on a machine that built at least one compiled variant."""
+    if not compiled_variants(build_dir):
         pytest.skip("no compiled variant was built on this machine")
-    for v in variants:
+    return build_dir
+
+
+@pytest.fixture
+def build_copy(compiled_build, tmp_path) -> Path:
+    return copy_build(compiled_build, tmp_path / "build")
+
+
+def test_every_compiled_variant_meets_the_hub_policy(compiled_build):
+    for v in compiled_variants(compiled_build):
         assert abi.variant_violations(v) == {}, f"{v.name} breaks {abi.POLICY}"
 
 
@@ -72,13 +83,9 @@ def test_libc_shim_removes_the_newer_glibc_references(tmp_path):
     assert abi.library_violations(shimmed) == []
 
 
-def test_verify_refuses_a_library_that_breaks_the_policy(build_dir, tmp_path, monkeypatch, capsys):
-    from test_verify import copy_build
-
-    build = copy_build(build_dir, tmp_path / "build")
+def test_verify_refuses_a_library_that_breaks_the_policy(build_copy, monkeypatch, capsys):
+    build = build_copy
     variants = compiled_variants(build)
-    if not variants:
-        pytest.skip("no compiled variant was built on this machine")
     checked = []
 
     def newer_glibc(path):
@@ -97,12 +104,8 @@ def test_verify_refuses_a_library_that_breaks_the_policy(build_dir, tmp_path, mo
     assert all(r.portable for name, r in reports.items() if name not in {v.name for v in variants})
 
 
-def test_verify_says_when_it_could_not_check(build_dir, tmp_path, monkeypatch, capsys):
-    from test_verify import copy_build
-
-    build = copy_build(build_dir, tmp_path / "build")
-    if not compiled_variants(build):
-        pytest.skip("no compiled variant was built on this machine")
+def test_verify_says_when_it_could_not_check(build_copy, monkeypatch, capsys):
+    build = build_copy
 
     def missing():
         raise abi.CheckerMissing("kernel-abi-check is not installed (pip install kernel-abi-check)")
