@@ -30,6 +30,9 @@ from pathlib import Path
 if os.environ.get("TRITON_INTERPRET") == "1":
     sys.exit("triton_smem.py compiles for a GPU target: run it with TRITON_INTERPRET=0")
 os.environ["TRITON_INTERPRET"] = "0"
+# The stand-in driver compiles and cannot launch, and the kernel's direct launch (triton_kernels/launch.py)
+# asks a compiled kernel for its launcher after the first call; Triton's own path (read at import) never does.
+os.environ["FUSED_GEGLU_TRITON_FAST_LAUNCH"] = "0"
 
 import torch  # noqa: E402
 
