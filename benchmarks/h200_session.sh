@@ -37,6 +37,12 @@ for phase in "$@"; do
       # They move into build/ before the build: where the copy's .git does not know the commit, the
       # builder names the tree by its files, and the tree the tests see must be the tree it named.
       if [ -d .objcache-cu ]; then mkdir -p build/.objcache && cp -n .objcache-cu/*.o build/.objcache/ 2>/dev/null; rm -rf .objcache-cu; fi
+      # Where the copy's .git has the commit, the builder names the tree by git: the call's own carried
+      # files (ignored here through .git/info/exclude, which the copy may lack) must not make it dirty.
+      if [ -d .git ]; then
+        mkdir -p .git/info && printf '%s\n' /.whl/ /.commit /.objcache-cu/ '/devcall*' >> .git/info/exclude
+        git status --porcelain --untracked-files=all 2>/dev/null | head -20 > "$OUT/git-status.txt"
+      fi
       $FG build --backends cuda 2>&1 | tee "$OUT/build.log"; rc=${PIPESTATUS[0]}
       tar czf "$OUT/objcache-cu.tgz" -C build/.objcache . 2>/dev/null
       $FG stage >> "$OUT/build.log" 2>&1
