@@ -452,9 +452,14 @@ def _training_launch(device: torch.device, backend: str, m: int, h: int, i: int,
     if device.type == "cpu":
         return (_GEMM_POINTWISE, "cpu+gemm", "cpu") if _pick(device, backend, m, h, i) == "cpu" else None
     auto = backend == "auto"
+    if auto and capturing is not None:  # the policy's pick, remembered per size (as _forward's)
+        key = (device, m, h, i, capturing)
+        picked = (_auto_routes.get(key) or _auto_route(key))[0]
+    else:
+        picked = _pick(device, backend, m, h, i, capturing)
     # The backward must be the one-call sequence: no sm90 dh launch and (under the auto policy) the
     # CUDA in-place pointwise kernel.
-    if (_pick(device, backend, m, h, i, capturing) != "cuda"
+    if (picked != "cuda"
             or sm90_weights.dh_launch(policy.sm90_dh_launch(m, h, device)) is not None
             or (auto and _geglu._pick(device, "auto", "bwd_inplace", m * i, True) != "cuda")):
         return None
@@ -527,6 +532,14 @@ def _infer(x, w_gate, w_up, w_down, b_gate, b_up, b_down, approximate):
             or type(w_down) not in _PLAIN or (b_gate is not None and type(b_gate) not in _PLAIN)
             or (b_up is not None and type(b_up) not in _PLAIN) or (b_down is not None and type(b_down) not in _PLAIN)
             or torch.compiler.is_compiling() or torch._C._len_torch_dispatch_stack()):
+        return None
+    # A call that records a graph: the op would decline it (after its dispatch), so do not ask. The
+    # H100 and H200 harnesses had auto's M = 16 training step 6-17 µs behind a forced backend="cuda"
+    # step (same launch, same C++ node) in most rows; this attempt was part of the difference.
+    if torch.is_grad_enabled() and (x.requires_grad or w_gate.requires_grad or w_up.requires_grad
+                                    or w_down.requires_grad or (b_gate is not None and b_gate.requires_grad)
+                                    or (b_up is not None and b_up.requires_grad)
+                                    or (b_down is not None and b_down.requires_grad)):
         return None
     key = (x.device, x.dtype, x.numel(), w_gate.shape)
     plans = _infer_plans.get(key) or _infer_plans_for(x, w_gate, key)
