@@ -308,9 +308,22 @@ def test_mlp_entry_declines_to_the_general_path(kernel, device, monkeypatch):
             with pytest.raises((ValueError, TypeError), match=message):
                 kernel.geglu_mlp(x, *bad_args)
         calls.clear()
-    y = kernel.geglu_mlp(x, *params)  # grad enabled, the weights require grad: a graph
-    assert y.grad_fn is not None
-    assert_close(y, ref, _mlp_eager(x, *det, "tanh"), "recorded graph")
+    # Grad enabled and the weights require grad: a graph. The entry would decline it after its
+    # dispatch, so it is not asked at all (host time that every small training step waited on).
+    real_ops = mlp.ops
+
+    class NoEntry:
+        def __getattr__(self, name):
+            if name == "geglu_mlp_infer":
+                raise AssertionError("a call that records a graph was offered to geglu_mlp_infer")
+            return getattr(real_ops, name)
+
+    monkeypatch.setattr(mlp, "ops", NoEntry())
+    for what, args in (("weights require grad", (x, *params)),
+                       ("only x requires grad", (x.detach().requires_grad_(), *det))):
+        y = kernel.geglu_mlp(*args)
+        assert y.grad_fn is not None, what
+        assert_close(y, ref, _mlp_eager(x, *det, "tanh"), f"recorded graph, {what}")
     calls.clear()
 
 
