@@ -3,15 +3,21 @@ of the eager MLP and eager itself, kernel by kernel, from torch.profiler (GPU on
 tool, not the product benchmark).
 
     python3 benchmarks/diag/train_profile.py --shape gemma-2b --tokens 8192 [--mode fwd] --out DIR
+    python3 benchmarks/diag/train_profile.py --shape gemma2-9b --tokens 1024 --providers ours \
+        --launches policy,no,128x128pp/s1,128x256/s1 --out DIR
 
 Prints, per provider, the summed CUDA time of each kernel over ``--steps`` steps (divided by the
-step count), grouped into GEMMs and the rest, and writes the same as JSON.
+step count), grouped into GEMMs and the rest, and writes the same as JSON. ``--launches`` profiles
+ours once per value of ``$FUSED_GEGLU_SM90_MLP`` (``policy``: unset, the rules' pick; ``no``: cuBLAS
++ pointwise; or a CUTLASS launch), in one process: GPU time per kernel, free of the host time and
+the run-to-run spread that make two harness rows 1-3 % apart hard to order.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 from pathlib import Path
 
 import torch
@@ -26,8 +32,16 @@ def main() -> int:
     p.add_argument("--tokens", type=int, default=8192)
     p.add_argument("--steps", type=int, default=10)
     p.add_argument("--mode", choices=("train", "fwd"), default="train")
+    p.add_argument("--providers", default="ours,compile,eager",
+                   help="comma-separated, from ours, compile, eager")
+    p.add_argument("--launches", default="policy",
+                   help="comma-separated values of $FUSED_GEGLU_SM90_MLP for ours ('policy': unset)")
     p.add_argument("--out", type=Path, default=Path("."))
     args = p.parse_args()
+    providers = args.providers.split(",")
+    unknown = set(providers) - {"ours", "compile", "eager"}
+    if unknown:
+        p.error(f"--providers: unknown {sorted(unknown)}; expected ours, compile or eager")
     k = load_kernel()
     h, i = SHAPES[args.shape]
     dev, dt = torch.device("cuda"), torch.bfloat16
@@ -48,10 +62,23 @@ def main() -> int:
             fn(x, *ws).backward(dy)
         return step
 
+    def ours(*a):
+        return k.geglu_mlp(*a, approximate="tanh")
+
+    runs = []  # (name, fn, value of $FUSED_GEGLU_SM90_MLP or None)
+    if "ours" in providers:
+        launches = args.launches.split(",")
+        runs += [("ours-auto" if launches == ["policy"] else f"ours[{launch}]", ours,
+                  None if launch == "policy" else launch) for launch in launches]
+    runs += [(name, fn, None) for name, fn in (("compile", compiled), ("eager", eager_mlp)) if name in providers]
+
     result = {}
-    for name, fn in (("ours-auto", lambda *a: k.geglu_mlp(*a, approximate="tanh")), ("compile", compiled),
-                     ("eager", eager_mlp)):
+    for name, fn, launch in runs:
+        os.environ.pop("FUSED_GEGLU_SM90_MLP", None)
+        if launch is not None:
+            os.environ["FUSED_GEGLU_SM90_MLP"] = launch
         kern = kernel_times(step_of(fn), args.steps)
+        os.environ.pop("FUSED_GEGLU_SM90_MLP", None)
         gemm = sum(t for n, t in kern.items() if any(m in n.lower() for m in GEMM_MARKS))
         result[name] = {"total_us": sum(kern.values()), "gemm_us": gemm, "kernels": kern}
         print(f"== {name}: {sum(kern.values()):.0f} us of kernels per step, GEMMs {gemm:.0f} us")
