@@ -40,11 +40,21 @@ def load_kernel():
     return kernels.get_kernel(REPO_ID, version=VERSION, trust_remote_code=True)
 
 
-def kernel_times(fn, steps: int, warmup: int = 3) -> dict[str, float]:
-    """GPU µs per call of ``fn``, per kernel name, summed over ``steps`` profiled calls."""
+def kernel_times(fn, steps: int, warmup: int = 3, warmup_ms: float = 0.0) -> dict[str, float]:
+    """GPU µs per call of ``fn``, per kernel name, summed over ``steps`` profiled calls.
+
+    ``warmup_ms``: after the ``warmup`` calls, keep calling until that much wall time has passed. A
+    GEMM-bound step at M = 8192 draws the board to its power cap, and a provider profiled right after
+    seconds of idle GPU (torch.compile compiling) runs its first ~100 ms at higher clocks than one
+    profiled after a busy one, which a 3-call warm-up does not hide."""
     for _ in range(warmup):
         fn()
     torch.cuda.synchronize()
+    if warmup_ms > 0:
+        t0 = time.perf_counter()
+        while (time.perf_counter() - t0) * 1e3 < warmup_ms:
+            fn()
+            torch.cuda.synchronize()
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
         for _ in range(steps):
             fn()
