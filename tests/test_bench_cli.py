@@ -255,3 +255,32 @@ def test_sequence_first_and_addend_linear_rows_run_and_are_checked(tmp_path, bui
     assert up[0] == down[0] == 2.0 * 16 * 64 * 96
     assert up[1] == (16 * 64 + 96 * 64 + 96 + 16 * 96) * 2 and down[1] == (16 * 96 + 64 * 96 + 64 + 16 * 64) * 2
     assert bench.cost("linear_addend", "fwd", 16, 64, 96)[1] == (16 * 64 + 96 * 64 + 2 * 16 * 96) * 2
+
+
+def test_tree_dirty_is_judged_against_the_named_commit(tmp_path, monkeypatch):
+    """A device copy whose .git holds a stale HEAD: `git status` lists the commits since, but the run
+    records the copier's commit, and its tree is that commit's (FUSED_GEGLU_DIRTY=0), as the build says."""
+    import subprocess
+
+    for var in ("FUSED_GEGLU_COMMIT", "FUSED_GEGLU_DIRTY"):
+        monkeypatch.delenv(var, raising=False)
+    plain = tmp_path / "plain"
+    plain.mkdir()
+    assert bench._tree_dirty(plain) is None  # no git, no flag: unknown
+    monkeypatch.setenv("FUSED_GEGLU_DIRTY", "0")
+    assert bench._tree_dirty(plain) is False
+    monkeypatch.delenv("FUSED_GEGLU_DIRTY")
+
+    repo = tmp_path / "copy"
+    repo.mkdir()
+    (repo / "f.py").write_text("x = 1\n")
+    git = ["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@t"]
+    subprocess.run(["git", "init", "-q", str(repo)], check=True)
+    subprocess.run([*git, "add", "-A"], check=True)
+    subprocess.run([*git, "commit", "-q", "-m", "old"], check=True)
+    assert bench._tree_dirty(repo) is False
+    (repo / "f.py").write_text("x = 2\n")  # the copied tree: a later commit's content
+    assert bench._tree_dirty(repo) is True  # judged against its own HEAD
+    monkeypatch.setenv("FUSED_GEGLU_COMMIT", "b" * 40)
+    monkeypatch.setenv("FUSED_GEGLU_DIRTY", "0")
+    assert bench._tree_dirty(repo) is False  # the copier names the commit and vouches for the tree

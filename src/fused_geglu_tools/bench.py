@@ -985,6 +985,23 @@ class Run:
 # --------------------------------------------------------------------------------------------
 
 
+def _tree_dirty(root: Path) -> bool | None:
+    """Whether the benchmarked tree differs from the commit the run records, judged as the builder
+    judges it (``gitid.source_identity``): on a device machine's copy, whose ``.git`` may hold a stale
+    HEAD, ``git status`` lists every commit since that HEAD, and the copier's $FUSED_GEGLU_COMMIT /
+    $FUSED_GEGLU_DIRTY say what the tree is. None where nothing says (no git, no flag)."""
+    top = _run_cmd(["git", "rev-parse", "--show-toplevel"], cwd=root)
+    if top is None or Path(top).resolve() != Path(root).resolve():
+        flag = os.environ.get("FUSED_GEGLU_DIRTY")
+        return None if flag is None else flag != "0"
+    from .gitid import source_identity
+
+    try:
+        return source_identity(root).dirty
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
 def environment(torch, device, kernel, args) -> dict[str, Any]:
     env: dict[str, Any] = {
         "python": platform.python_version(),
@@ -999,8 +1016,7 @@ def environment(torch, device, kernel, args) -> dict[str, Any]:
         "tree_dirty": None,
         "allow_bf16_reduced_precision_reduction": bool(torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction),
     }
-    status = _run_cmd(["git", "status", "--porcelain"], cwd=REPO_ROOT)
-    env["tree_dirty"] = None if status is None else bool(status)
+    env["tree_dirty"] = _tree_dirty(REPO_ROOT)
     if device.type == "cuda":
         p = torch.cuda.get_device_properties(device)
         env.update(
