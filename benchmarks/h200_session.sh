@@ -8,6 +8,7 @@
 #   bash benchmarks/h200_session.sh build host decode          # host time per call; decode graph variants
 #   bash benchmarks/h200_session.sh build sweep                # decode_sweep.py (SWEEP_ARGS)
 #   bash benchmarks/h200_session.sh build probe                # kernel_probe.py (PROBE_SECTIONS, default decode)
+#   bash benchmarks/h200_session.sh build bench pack           # ... and every log/result in one results.tgz
 # The last lines printed are a short summary of each phase.
 # Build time: `build` leaves $OUT/objcache-cu.tgz (the builder's compiled kernel objects, keyed by
 # their sources, flags and torch version). Unpacked into .objcache-cu/ here (git-ignored locally via
@@ -145,6 +146,14 @@ PY
       export HF_HUB_OFFLINE=1 HF_HUB_CACHE=$PWD/.hub-cache
       timeout ${E2E_TIMEOUT:-200} python3 benchmarks/e2e_gemma.py --out "$OUT" ${E2E_ARGS:-} 2>&1 | tee "$OUT/e2e.log" | tail -30
       summary+=("e2e $(($(date +%s)-start))s")
+      ;;
+    pack)
+      # The device tool brings back at most 8 files from $OUT: a bench phase alone leaves a .json, .png and
+      # .log beside the build's, and the .json is what a result needs. Put everything written so far,
+      # except the two build archives, into one results.tgz (last, after the phases that write).
+      (cd "$OUT" && find . -type f ! -name objcache-cu.tgz ! -name build-cu.tgz ! -name results.tgz -print0 \
+        | tar czf results.tgz --null -T - --remove-files) && find "$OUT" -mindepth 1 -type d -empty -delete
+      summary+=("pack $(tar tzf "$OUT/results.tgz" | wc -l) files in results.tgz")
       ;;
     *) echo "unknown phase $phase"; exit 2;;
   esac
