@@ -45,8 +45,8 @@ def kernel_times(fn, steps: int, warmup: int = 3, warmup_ms: float = 0.0) -> dic
 
     ``warmup_ms``: after the ``warmup`` calls, keep calling until that much wall time has passed. A
     GEMM-bound step at M = 8192 draws the board to its power cap, and a provider profiled right after
-    seconds of idle GPU (torch.compile compiling) runs its first ~100 ms at higher clocks than one
-    profiled after a busy one, which a 3-call warm-up does not hide."""
+    seconds of idle GPU (torch.compile compiling) may run its first ~100 ms at higher clocks than one
+    profiled after a busy one; a 3-call warm-up would not hide that."""
     for _ in range(warmup):
         fn()
     torch.cuda.synchronize()

@@ -1013,10 +1013,9 @@ def environment(torch, device, kernel, args) -> dict[str, Any]:
         "liger_kernel": _version("liger-kernel") or _version("liger_kernel"),
         "transformers": _version("transformers"),
         "commit": args.commit or os.environ.get("FUSED_GEGLU_COMMIT") or _run_cmd(["git", "rev-parse", "HEAD"], cwd=REPO_ROOT),
-        "tree_dirty": None,
+        "tree_dirty": _tree_dirty(REPO_ROOT),
         "allow_bf16_reduced_precision_reduction": bool(torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction),
     }
-    env["tree_dirty"] = _tree_dirty(REPO_ROOT)
     if device.type == "cuda":
         p = torch.cuda.get_device_properties(device)
         env.update(
