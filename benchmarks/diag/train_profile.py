@@ -12,9 +12,10 @@ ours once per value of ``$FUSED_GEGLU_SM90_MLP`` (``policy``: unset, the rules' 
 + pointwise; or a CUTLASS launch), in one process: GPU time per kernel, free of the host time and
 the run-to-run spread that make two harness rows 1-3 % apart hard to order. Each profile follows
 ``--warmup-ms`` of steps, and ``--rounds`` interleaves the providers (per kernel, the median over
-rounds): at M = 8192 the board sits at its power cap, and with a 3-call warm-up compile, profiled
-last, right after its seconds of compiling, ran the same cuBLAS kernels ~5 % faster than ours did
-(9dece95, H100; benchmarks/RESULTS.md says what the rounds showed).
+rounds). Even so, at the sizes where the board sits at its power cap the profiles say where a step's
+time goes, not which of two providers within ~5 % is faster: on an H200 (b999aac) one provider's step
+moved by up to 10 % between rounds, and two launches running identical kernels came out 4 % apart
+(benchmarks/RESULTS.md, "Profiles of a training step under the power cap"). The harness orders them.
 """
 
 from __future__ import annotations
@@ -47,6 +48,8 @@ def main() -> int:
                    help="keep stepping this long before each profile (power-cap state; _diag.kernel_times)")
     p.add_argument("--out", type=Path, default=Path("."))
     args = p.parse_args()
+    if args.rounds < 1:
+        p.error(f"--rounds: expected a positive count, got {args.rounds}")
     providers = args.providers.split(",")
     unknown = set(providers) - {"ours", "compile", "eager"}
     if unknown:
