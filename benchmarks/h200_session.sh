@@ -9,6 +9,8 @@
 #   bash benchmarks/h200_session.sh build sweep                # decode_sweep.py (SWEEP_ARGS)
 #   bash benchmarks/h200_session.sh build probe                # kernel_probe.py (PROBE_SECTIONS, default decode)
 #   bash benchmarks/h200_session.sh build bench pack           # ... and every log/result in one results.tgz
+#   TEST_FILES=ops bash benchmarks/h200_session.sh build test    # the whole suite in two calls: ops, then
+#   TEST_FILES=loader bash benchmarks/h200_session.sh build test noarch  # the rest + the noarch route
 # The last lines printed are a short summary of each phase.
 # Build time: `build` leaves $OUT/objcache-cu.tgz (the builder's compiled kernel objects, keyed by
 # their sources, flags and torch version). Unpacked into .objcache-cu/ here (git-ignored locally via
@@ -27,6 +29,12 @@ python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upg
   || { echo "wheel install failed"; exit 1; }
 export PYTHONPATH=/tmp/site:$PWD/src
 FG="python3 -m fused_geglu_tools"
+# The op-facing test files (the heavy half of the suite: `TEST_FILES=ops`), and the kernel-facing ones the
+# `noarch` phase runs (the Makefile's NOARCH_TESTS, with the Triton launcher's and the policy's).
+OPS_TESTS=$(printf 'tests/test_%s.py ' eager_entries autograd_contract mlp linear geglu training_nodes compile policy \
+  triton_launch fsdp tensor_parallel)
+NOARCH_TESTS=$(printf 'tests/test_%s.py ' triton_launch geglu linear mlp layers loading transformers_integration \
+  training_nodes autograd_contract compile eager_entries fsdp tensor_parallel policy)
 summary=()
 t0=$(date +%s)
 for phase in "$@"; do
@@ -79,8 +87,26 @@ for phase in "$@"; do
       summary+=("diag $(tail -1 "$OUT/diag.log")")
       ;;
     test)
-      timeout ${TEST_TIMEOUT:-330} python3 -m pytest ${TEST_FILES:-tests} -p no:cacheprovider -o addopts="" -rfE -v --tb=line --durations=15 --maxfail=40 ${PYTEST_K:+-k "$PYTEST_K"} ${PYTEST_ARGS:-} 2>&1 | tee "$OUT/test.log" | tail -40
+      # TEST_FILES: paths, or `ops` / `loader`, the two halves of the whole suite (one call cannot hold
+      # both with the build: on an H100, -n 15, ops took 410 s and loader 116 s at 4fa5584).
+      case ${TEST_FILES:-tests} in
+        ops) files=$OPS_TESTS ;;
+        loader) files=$(for f in tests/test_*.py; do [[ " $OPS_TESTS " == *" $f "* ]] || printf '%s ' "$f"; done) ;;
+        *) files=${TEST_FILES:-tests} ;;
+      esac
+      timeout ${TEST_TIMEOUT:-330} python3 -m pytest $files -p no:cacheprovider -o addopts="" -rfE -v --tb=line --durations=15 --maxfail=40 ${PYTEST_K:+-k "$PYTEST_K"} ${PYTEST_ARGS:-} 2>&1 | tee "$OUT/test.log" | tail -40
       summary+=("test $(grep -c ' PASSED' "$OUT/test.log") passed, $(grep -c ' FAILED' "$OUT/test.log") failed, $(grep -c ' SKIPPED' "$OUT/test.log") skipped; $(tail -1 "$OUT/test.log" | cut -c1-200) $(($(date +%s)-start))s")
+      ;;
+    noarch)
+      # The kernel-facing files over the Triton-only torch-cuda variant that `build` wrote from the same
+      # tree, staged alone: the route of a CUDA torch with no compiled build (and the tests that need a
+      # tree without the compiled library). Run after `build`.
+      $FG stage --variants torch-cuda --cache "$PWD/.hub-cache-noarch" > "$OUT/stage-noarch.log" 2>&1
+      FUSED_GEGLU_TEST_NOARCH=1 FUSED_GEGLU_TEST_CACHE="$PWD/.hub-cache-noarch" timeout ${TEST_TIMEOUT:-330} \
+        python3 -m pytest $NOARCH_TESTS -p no:cacheprovider -o addopts="" -rfE -v --tb=short --maxfail=40 ${PYTEST_ARGS:-} \
+        > "$OUT/test-noarch.log" 2>&1
+      tail -1 "$OUT/test-noarch.log"
+      summary+=("noarch $(grep -c ' PASSED' "$OUT/test-noarch.log") passed, $(grep -c ' FAILED' "$OUT/test-noarch.log") failed; $(tail -1 "$OUT/test-noarch.log" | cut -c1-200) $(($(date +%s)-start))s")
       ;;
     selftest)
       # One process per check group: a crash in one op must not hide the others' results.
