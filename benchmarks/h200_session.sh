@@ -176,7 +176,8 @@ PY
     pack)
       # The device tool brings back at most 8 files from $OUT: a bench phase alone leaves a .json, .png and
       # .log beside the build's, and the .json is what a result needs. Put everything written so far,
-      # except the two build archives, into one results.tgz (last, after the phases that write).
+      # except the two build archives, into one results.tgz (last, after the phases that write). It moves
+      # the files: a log the caller is still writing under $OUT goes in cut short, so write it elsewhere.
       (cd "$OUT" && find . -type f ! -name objcache-cu.tgz ! -name build-cu.tgz ! -name results.tgz -print0 \
         | tar czf results.tgz --null -T - --remove-files) && find "$OUT" -mindepth 1 -type d -empty -delete
       summary+=("pack $(tar tzf "$OUT/results.tgz" | wc -l) files in results.tgz")
