@@ -20,9 +20,18 @@
 # .git may hold an older HEAD, so the builder cannot check the tree against that commit and records it
 # dirty; where the copied tree is exactly that commit (files of the call itself moved out first),
 # FUSED_GEGLU_DIRTY=0 says so.
+# CARD=H200 runs nothing (exit 3) on a card whose name lacks it: a call for the H200 may get an H100, and
+# the wheels and the build would spend device time first. A carried .commit (`git rev-parse HEAD > .commit`
+# here, before the call) gives FUSED_GEGLU_COMMIT where it is not set; FUSED_GEGLU_DIRTY=0 stays the caller's word.
+# The summary is also written to $OUT/summary.txt, after every phase (after `pack` too, so it comes back).
 set -uo pipefail
 OUT=${OUT:-/tmp/fg-out}
 mkdir -p "$OUT"
+if [ -n "${CARD:-}" ]; then
+  card=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)
+  [[ "$card" == *"$CARD"* ]] || { echo "card '${card:-none}' is not $CARD: nothing run"; exit 3; }
+fi
+if [ -z "${FUSED_GEGLU_COMMIT:-}" ] && [ -f .commit ]; then export FUSED_GEGLU_COMMIT=$(cat .commit); fi
 export PYTHONUNBUFFERED=1 FUSED_GEGLU_CUDA_ARCHS=${FUSED_GEGLU_CUDA_ARCHS:-9.0}
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
@@ -185,5 +194,4 @@ PY
     *) echo "unknown phase $phase"; exit 2;;
   esac
 done
-echo "== summary ($(($(date +%s)-t0)) s)"
-printf '%s\n' "${summary[@]}"
+{ echo "== summary ($(($(date +%s)-t0)) s)"; printf '%s\n' "${summary[@]}"; } | tee "$OUT/summary.txt"
