@@ -23,7 +23,7 @@
 # CARD=H200 runs nothing (exit 3) on a card whose name lacks it: a call for the H200 may get an H100, and
 # the wheels and the build would spend device time first. A carried .commit (`git rev-parse HEAD > .commit`
 # here, before the call) gives FUSED_GEGLU_COMMIT where it is not set; FUSED_GEGLU_DIRTY=0 stays the caller's word.
-# The summary is also written to $OUT/summary.txt, after every phase (after `pack` too, so it comes back).
+# The summary is also written to $OUT/summary.txt once every phase has run (after `pack`, so it comes back).
 set -uo pipefail
 OUT=${OUT:-/tmp/fg-out}
 mkdir -p "$OUT"
