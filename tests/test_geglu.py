@@ -161,6 +161,39 @@ def test_bad_input_errors_name_the_argument(kernel, device):
         kernel.gelu_and_mul(torch.zeros(4, 6, device=device, requires_grad=True), packed)
 
 
+def test_compiled_ops_name_a_bad_operand(kernel, device, compiled):
+    """The compiled pointwise ops' own checks (torch-ext/geglu_checks.h, one rule set for the CPU and
+    CUDA kernels): a direct call of the registered op that skips the Python layer gets an error naming
+    the operand and what was expected, and nothing is written."""
+    ops = getattr(torch.ops, kernel.OPS_ID)
+    gate, up = randn(6, 40, device=device), randn(6, 40, device=device)
+    out = torch.full((6, 40), float("nan"), device=device)
+    wide = randn(6, 80, device=device)
+    bad_up = [
+        (up.half(), "geglu_fwd: up must have gate's dtype"),
+        (up[:, :-1], "geglu_fwd: up must have gate's shape"),
+        (up[None], "geglu_fwd: up must be 2-D"),
+        (wide[:, ::2], "geglu_fwd: up must have last-dim stride 1"),
+        (wide.as_strided((6, 40), (20, 1)), "geglu_fwd: up must have row stride >= cols"),
+    ]
+    if device == "cuda":  # the CUDA kernel is dispatched to (a CUDA tensor is among the operands)
+        bad_up.append((up.cpu(), "geglu_fwd: up must be on gate's device"))
+    for bad, message in bad_up:
+        with pytest.raises(RuntimeError, match=message):
+            ops.geglu_fwd(out, gate, bad, 0)
+    with pytest.raises(RuntimeError, match=r"geglu_fwd: approximate must be 0 \(erf\) or 1 \(tanh\), got 2"):
+        ops.geglu_fwd(out, gate, up, 2)
+    with pytest.raises(RuntimeError, match="geglu_fwd: dtype must be float32, float16 or bfloat16"):
+        ops.geglu_fwd(out.double(), gate.double(), up.double(), 0)
+    assert out.isnan().all(), "a refused call wrote to out"
+    grad_gate, grad_up = torch.full_like(out, float("nan")), torch.full_like(out, float("nan"))
+    with pytest.raises(RuntimeError, match="geglu_bwd: grad_up must have gate's dtype"):
+        ops.geglu_bwd(grad_gate, grad_up.half(), randn(6, 40, device=device), gate, up, 1)
+    with pytest.raises(RuntimeError, match="geglu_bwd: grad_out must have gate's shape"):
+        ops.geglu_bwd(grad_gate, grad_up, randn(6, 41, device=device), gate, up, 1)
+    assert grad_gate.isnan().all() and grad_up.isnan().all(), "a refused call wrote a gradient"
+
+
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_rows_that_overlap_are_computed(kernel, device, backend):
     """Operands whose rows overlap in memory (a broadcast ``g.expand(M, n)``: row stride 0, also over

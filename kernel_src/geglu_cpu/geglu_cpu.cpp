@@ -49,7 +49,11 @@
 #endif
 #include <cstdint>
 #include <cstdlib>
+#include <initializer_list>
 #include <string>
+#include <utility>
+
+#include "geglu_checks.h"
 
 namespace {
 
@@ -384,26 +388,12 @@ auto with_format(at::ScalarType dtype, F &&f) {
 // ---------------------------------------------------------------------------------------------------
 // Validation (the Python layer checks first; these are the backstop) and the threaded row loop.
 
-void check_operand(const char *op, const char *name, const at::Tensor &t, const at::Tensor &gate) {
-  TORCH_CHECK(t.device().is_cpu(), op, ": ", name, " must be a CPU tensor, got device ", t.device());
-  TORCH_CHECK(t.dim() == 2, op, ": ", name, " must be 2-D [rows, cols], got ", t.dim(),
-              "-D with shape ", t.sizes());
-  TORCH_CHECK(t.scalar_type() == gate.scalar_type(), op, ": ", name,
-              " must have gate's dtype ", gate.scalar_type(), ", got ", t.scalar_type());
-  TORCH_CHECK(t.sizes() == gate.sizes(), op, ": ", name, " must have gate's shape ", gate.sizes(),
-              ", got ", t.sizes());
-  TORCH_CHECK(t.size(1) <= 1 || t.stride(1) == 1, op, ": ", name,
-              " must have last-dim stride 1, got strides ", t.strides());
-  TORCH_CHECK(t.size(0) <= 1 || t.stride(0) >= t.size(1), op, ": ", name,
-              " must have row stride >= cols, got strides ", t.strides(), " for shape ", t.sizes());
-}
-
-void check_common(const char *op, const at::Tensor &gate, int64_t approximate) {
-  TORCH_CHECK(approximate == 0 || approximate == 1, op,
-              ": approximate must be 0 (erf) or 1 (tanh), got ", approximate);
-  const auto dtype = gate.scalar_type();
-  TORCH_CHECK(dtype == at::kFloat || dtype == at::kHalf || dtype == at::kBFloat16, op,
-              ": dtype must be float32, float16 or bfloat16, got ", dtype);
+// gate on the CPU, then what geglu_checks holds for both backends (every operand on gate's device).
+void check_all(const char *op, int64_t approximate, const at::Tensor &gate,
+               std::initializer_list<std::pair<const char *, const at::Tensor *>> operands) {
+  TORCH_CHECK(gate.device().is_cpu(), op, ": gate must be a CPU tensor, got device ", gate.device());
+  geglu_checks::common(op, gate, approximate);
+  for (const auto &[name, t] : operands) geglu_checks::operand(op, name, *t, gate);
 }
 
 // Runs span(ptrs, n) over every element of iter's operands, on torch's intra-op threads: ptrs holds one
@@ -450,10 +440,7 @@ at::TensorIterator iterate(std::initializer_list<const at::Tensor *> outputs,
 
 void geglu_fwd(at::Tensor &out, at::Tensor const &gate, at::Tensor const &up, int64_t approximate) {
   constexpr const char *op = "geglu_fwd";
-  check_common(op, gate, approximate);
-  check_operand(op, "gate", gate, gate);
-  check_operand(op, "up", up, gate);
-  check_operand(op, "out", out, gate);
+  check_all(op, approximate, gate, {{"gate", &gate}, {"up", &up}, {"out", &out}});
   at::assert_no_partial_overlap(out, gate);
   at::assert_no_partial_overlap(out, up);
   const int64_t rows = gate.size(0), cols = gate.size(1);
@@ -469,12 +456,9 @@ void geglu_fwd(at::Tensor &out, at::Tensor const &gate, at::Tensor const &up, in
 void geglu_bwd(at::Tensor &grad_gate, at::Tensor &grad_up, at::Tensor const &grad_out,
                at::Tensor const &gate, at::Tensor const &up, int64_t approximate) {
   constexpr const char *op = "geglu_bwd";
-  check_common(op, gate, approximate);
-  check_operand(op, "gate", gate, gate);
-  check_operand(op, "up", up, gate);
-  check_operand(op, "grad_out", grad_out, gate);
-  check_operand(op, "grad_gate", grad_gate, gate);
-  check_operand(op, "grad_up", grad_up, gate);
+  check_all(op, approximate, gate,
+            {{"gate", &gate}, {"up", &up}, {"grad_out", &grad_out}, {"grad_gate", &grad_gate},
+             {"grad_up", &grad_up}});
   // Each grad is stored independently of the other's inputs, so no in-place aliasing is allowed here
   // (unlike the forward, whose single store depends on both loads).
   using Operands = std::initializer_list<const at::Tensor *>;  // grad_up is non-const: name the type

@@ -41,7 +41,11 @@
 #include <atomic>
 #include <climits>
 #include <cstdint>
+#include <initializer_list>
 #include <type_traits>
+#include <utility>
+
+#include "geglu_checks.h"
 
 namespace {
 
@@ -392,30 +396,15 @@ T *ptr(const at::Tensor &t) {
   return reinterpret_cast<T *>(t.data_ptr());
 }
 
-void check_operand(const char *op, const char *name, const at::Tensor &t, const at::Tensor &gate) {
-  TORCH_CHECK(t.is_cuda(), op, ": ", name, " must be a CUDA tensor, got device ", t.device());
-  TORCH_CHECK(t.device() == gate.device(), op, ": ", name, " must be on gate's device ",
-              gate.device(), ", got ", t.device());
-  TORCH_CHECK(t.dim() == 2, op, ": ", name, " must be 2-D [rows, cols], got ", t.dim(),
-              "-D with shape ", t.sizes());
-  TORCH_CHECK(t.scalar_type() == gate.scalar_type(), op, ": ", name,
-              " must have gate's dtype ", gate.scalar_type(), ", got ", t.scalar_type());
-  TORCH_CHECK(t.sizes() == gate.sizes(), op, ": ", name, " must have gate's shape ", gate.sizes(),
-              ", got ", t.sizes());
-  TORCH_CHECK(t.size(1) <= 1 || t.stride(1) == 1, op, ": ", name,
-              " must have last-dim stride 1, got strides ", t.strides());
-  TORCH_CHECK(t.size(0) <= 1 || t.stride(0) >= t.size(1), op, ": ", name,
-              " must have row stride >= cols, got strides ", t.strides(), " for shape ", t.sizes());
-}
-
-void check_common(const char *op, const at::Tensor &gate, int64_t approximate) {
-  TORCH_CHECK(approximate == 0 || approximate == 1, op,
-              ": approximate must be 0 (erf) or 1 (tanh), got ", approximate);
-  const auto dtype = gate.scalar_type();
-  TORCH_CHECK(dtype == at::kFloat || dtype == at::kHalf || dtype == at::kBFloat16, op,
-              ": dtype must be float32, float16 or bfloat16, got ", dtype);
+// gate on a CUDA device with cols in int range (a row is indexed with int), then what geglu_checks holds
+// for both backends (every operand on gate's device).
+void check_all(const char *op, int64_t approximate, const at::Tensor &gate,
+               std::initializer_list<std::pair<const char *, const at::Tensor *>> operands) {
+  TORCH_CHECK(gate.is_cuda(), op, ": gate must be a CUDA tensor, got device ", gate.device());
+  geglu_checks::common(op, gate, approximate);
   TORCH_CHECK(gate.dim() != 2 || gate.size(1) <= INT_MAX, op, ": cols must be <= ", INT_MAX,
               ", got ", gate.size(1));
+  for (const auto &[name, t] : operands) geglu_checks::operand(op, name, *t, gate);
 }
 
 template <typename T, int VW, bool TANH>
@@ -480,10 +469,7 @@ void dispatch_bwd(at::Tensor &grad_gate, at::Tensor &grad_up, at::Tensor *h, at:
 
 void geglu_fwd(at::Tensor &out, at::Tensor const &gate, at::Tensor const &up, int64_t approximate) {
   constexpr const char *op = "geglu_fwd";
-  check_common(op, gate, approximate);
-  check_operand(op, "gate", gate, gate);
-  check_operand(op, "up", up, gate);
-  check_operand(op, "out", out, gate);
+  check_all(op, approximate, gate, {{"gate", &gate}, {"up", &up}, {"out", &out}});
   // out == gate or out == up exactly is fine (each thread reads its elements before writing them).
   at::assert_no_partial_overlap(out, gate);
   at::assert_no_partial_overlap(out, up);
@@ -520,12 +506,9 @@ void geglu_fwd(at::Tensor &out, at::Tensor const &gate, at::Tensor const &up, in
 static void check_bwd_operands(const char *op, at::Tensor const &grad_gate, at::Tensor const &grad_up,
                                at::Tensor const &grad_out, at::Tensor const &gate, at::Tensor const &up,
                                int64_t approximate) {
-  check_common(op, gate, approximate);
-  check_operand(op, "gate", gate, gate);
-  check_operand(op, "up", up, gate);
-  check_operand(op, "grad_out", grad_out, gate);
-  check_operand(op, "grad_gate", grad_gate, gate);
-  check_operand(op, "grad_up", grad_up, gate);
+  check_all(op, approximate, gate,
+            {{"gate", &gate}, {"up", &up}, {"grad_out", &grad_out}, {"grad_gate", &grad_gate},
+             {"grad_up", &grad_up}});
   // Each grad is stored independently of the other's inputs, so no in-place aliasing here.
   for (const at::Tensor *t : {&grad_up, &grad_out, &gate, &up}) at::assert_no_overlap(grad_gate, *t);
   for (const at::Tensor *t : {&grad_out, &gate, &up}) at::assert_no_overlap(grad_up, *t);
@@ -550,10 +533,7 @@ void geglu_bwd_h(at::Tensor &grad_gate, at::Tensor &grad_up, at::Tensor &grad_ou
 
 void geglu_bwd_inplace(at::Tensor &gate, at::Tensor &up, at::Tensor &grad_out, int64_t approximate) {
   constexpr const char *op = "geglu_bwd_inplace";
-  check_common(op, gate, approximate);
-  check_operand(op, "gate", gate, gate);
-  check_operand(op, "up", up, gate);
-  check_operand(op, "grad_out", grad_out, gate);
+  check_all(op, approximate, gate, {{"gate", &gate}, {"up", &up}, {"grad_out", &grad_out}});
   // The three buffers are read and overwritten element by element; they must not share memory.
   at::assert_no_overlap(gate, up);
   at::assert_no_overlap(gate, grad_out);
