@@ -4,7 +4,11 @@
 #pragma once
 
 #include <ATen/core/Tensor.h>
+#include <c10/core/DeviceType.h>
 #include <c10/util/Exception.h>
+
+#include <initializer_list>
+#include <utility>
 
 namespace geglu_checks {
 
@@ -33,6 +37,16 @@ inline void common(const char *op, const at::Tensor &gate, int64_t approximate) 
   const auto dtype = gate.scalar_type();
   TORCH_CHECK(dtype == at::kFloat || dtype == at::kHalf || dtype == at::kBFloat16, op,
               ": dtype must be float32, float16 or bfloat16, got ", dtype);
+}
+
+// One op's checks: gate on a `device` tensor (the backend's own; a wrong one means the dispatcher chose
+// this kernel for another operand's device), the call's rules, then each named operand against gate.
+inline void all(const char *op, c10::DeviceType device, int64_t approximate, const at::Tensor &gate,
+                std::initializer_list<std::pair<const char *, const at::Tensor *>> operands) {
+  TORCH_CHECK(gate.device().type() == device, op, ": gate must be a ", c10::DeviceTypeName(device),
+              " tensor, got device ", gate.device());
+  common(op, gate, approximate);
+  for (const auto &[name, t] : operands) operand(op, name, *t, gate);
 }
 
 }  // namespace geglu_checks

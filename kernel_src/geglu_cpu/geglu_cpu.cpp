@@ -49,9 +49,7 @@
 #endif
 #include <cstdint>
 #include <cstdlib>
-#include <initializer_list>
 #include <string>
-#include <utility>
 
 #include "geglu_checks.h"
 
@@ -386,15 +384,7 @@ auto with_format(at::ScalarType dtype, F &&f) {
 }
 
 // ---------------------------------------------------------------------------------------------------
-// Validation (the Python layer checks first; these are the backstop) and the threaded row loop.
-
-// gate on the CPU, then what geglu_checks holds for both backends (every operand on gate's device).
-void check_all(const char *op, int64_t approximate, const at::Tensor &gate,
-               std::initializer_list<std::pair<const char *, const at::Tensor *>> operands) {
-  TORCH_CHECK(gate.device().is_cpu(), op, ": gate must be a CPU tensor, got device ", gate.device());
-  geglu_checks::common(op, gate, approximate);
-  for (const auto &[name, t] : operands) geglu_checks::operand(op, name, *t, gate);
-}
+// The threaded row loop. (Validation, the backstop to the Python layer's checks: geglu_checks.h.)
 
 // Runs span(ptrs, n) over every element of iter's operands, on torch's intra-op threads: ptrs holds one
 // pointer per operand (outputs first), each to n consecutive elements of elem_size bytes. Threads come
@@ -440,7 +430,7 @@ at::TensorIterator iterate(std::initializer_list<const at::Tensor *> outputs,
 
 void geglu_fwd(at::Tensor &out, at::Tensor const &gate, at::Tensor const &up, int64_t approximate) {
   constexpr const char *op = "geglu_fwd";
-  check_all(op, approximate, gate, {{"gate", &gate}, {"up", &up}, {"out", &out}});
+  geglu_checks::all(op, c10::kCPU, approximate, gate, {{"gate", &gate}, {"up", &up}, {"out", &out}});
   at::assert_no_partial_overlap(out, gate);
   at::assert_no_partial_overlap(out, up);
   const int64_t rows = gate.size(0), cols = gate.size(1);
@@ -456,9 +446,9 @@ void geglu_fwd(at::Tensor &out, at::Tensor const &gate, at::Tensor const &up, in
 void geglu_bwd(at::Tensor &grad_gate, at::Tensor &grad_up, at::Tensor const &grad_out,
                at::Tensor const &gate, at::Tensor const &up, int64_t approximate) {
   constexpr const char *op = "geglu_bwd";
-  check_all(op, approximate, gate,
-            {{"gate", &gate}, {"up", &up}, {"grad_out", &grad_out}, {"grad_gate", &grad_gate},
-             {"grad_up", &grad_up}});
+  geglu_checks::all(op, c10::kCPU, approximate, gate,
+                    {{"gate", &gate}, {"up", &up}, {"grad_out", &grad_out}, {"grad_gate", &grad_gate},
+                     {"grad_up", &grad_up}});
   // Each grad is stored independently of the other's inputs, so no in-place aliasing is allowed here
   // (unlike the forward, whose single store depends on both loads).
   using Operands = std::initializer_list<const at::Tensor *>;  // grad_up is non-const: name the type

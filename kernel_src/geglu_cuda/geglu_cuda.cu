@@ -396,15 +396,11 @@ T *ptr(const at::Tensor &t) {
   return reinterpret_cast<T *>(t.data_ptr());
 }
 
-// gate on a CUDA device with cols in int range (a row is indexed with int), then what geglu_checks holds
-// for both backends (every operand on gate's device).
+// geglu_checks' rules for a CUDA gate, and cols in int range (a row is indexed with int).
 void check_all(const char *op, int64_t approximate, const at::Tensor &gate,
                std::initializer_list<std::pair<const char *, const at::Tensor *>> operands) {
-  TORCH_CHECK(gate.is_cuda(), op, ": gate must be a CUDA tensor, got device ", gate.device());
-  geglu_checks::common(op, gate, approximate);
-  TORCH_CHECK(gate.dim() != 2 || gate.size(1) <= INT_MAX, op, ": cols must be <= ", INT_MAX,
-              ", got ", gate.size(1));
-  for (const auto &[name, t] : operands) geglu_checks::operand(op, name, *t, gate);
+  geglu_checks::all(op, c10::kCUDA, approximate, gate, operands);
+  TORCH_CHECK(gate.size(1) <= INT_MAX, op, ": cols must be <= ", INT_MAX, ", got ", gate.size(1));
 }
 
 template <typename T, int VW, bool TANH>
