@@ -38,10 +38,12 @@ stage: build
 	$(FG) stage
 
 # Two passes. The whole suite against the staged build, which kernels loads as a user's would (this
-# torch's compiled variant); then the kernel-facing files against torch-cpu staged alone, the ATen-only
-# build a CPU torch with no compiled variant loads (2.14, 2.15, ...), Triton-only tests left out (the
-# first pass ran them on the same Python). NOARCH_PASS=0 skips the second pass; NOARCH_PYTEST_ARGS
-# passes arguments to it. pytest's exit code 5 (no tests collected) is a failure here, like any other.
+# torch's compiled variant); then the kernel-facing files against the noarch build this torch would
+# load with no compiled variant, staged alone: torch-cpu (ATen only) on a CPU torch (2.14, 2.15, ...),
+# torch-cuda on a CUDA torch (kernels resolves the cuda backend for it, GPU or not), Triton-only tests
+# left out (the first pass ran them on the same Python). NOARCH_PASS=0 skips the second pass;
+# NOARCH_PYTEST_ARGS passes arguments to it. pytest's exit code 5 (no tests collected) is a failure
+# here, like any other.
 NOARCH_PASS ?= 1
 NOARCH_TESTS := $(addprefix tests/test_,geglu.py linear.py mlp.py layers.py loading.py transformers_integration.py \
 	training_nodes.py autograd_contract.py compile.py eager_entries.py fsdp.py tensor_parallel.py)
@@ -50,7 +52,8 @@ NOARCH_PYTEST_ARGS ?=
 test: stage
 	$(ENV) $(PY) -m pytest $(PYTEST_ARGS)
 ifneq ($(NOARCH_PASS),0)
-	$(FG) stage --variants torch-cpu --cache $(CURDIR)/.hub-cache-noarch
+	$(FG) stage --variants $$($(PY) -c "import torch; print('torch-cuda' if torch.version.cuda else 'torch-cpu')") \
+		--cache $(CURDIR)/.hub-cache-noarch
 	FUSED_GEGLU_TEST_NOARCH=1 FUSED_GEGLU_TEST_CACHE=$(CURDIR)/.hub-cache-noarch \
 		$(ENV) $(PY) -m pytest -k "not triton" $(NOARCH_TESTS) $(NOARCH_PYTEST_ARGS)
 endif
