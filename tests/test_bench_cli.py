@@ -82,6 +82,21 @@ def test_plot_only_cli(tmp_path, capsys):
     assert (tmp_path / "r.png").exists()
 
 
+def test_plot_only_reads_a_gzipped_results_json(tmp_path):
+    """The all-op runs are kept gzipped in benchmarks/results: --plot-only takes them as they are and
+    draws r.png (not r.json.png) beside them, the same picture as from the plain JSON."""
+    import gzip
+
+    js = _synthetic(tmp_path / "r.json")
+    gz = tmp_path / "r2.json.gz"
+    gz.write_bytes(gzip.compress(js.read_bytes()))
+    assert bench.read_results(gz) == bench.read_results(js) == json.loads(js.read_text())
+    pytest.importorskip("matplotlib")
+    assert bench.main(["--plot-only", str(gz)]) == 0
+    assert (tmp_path / "r2.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert not (tmp_path / "r2.json.png").exists()
+
+
 def test_table_ratios(tmp_path):
     payload = json.loads(_synthetic(tmp_path / "t.json").read_text())
     text = bench.table(payload)

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import datetime as _dt
+import gzip
 import json
 import math
 import os
@@ -1254,6 +1255,19 @@ PROVIDER_STYLE = {
 }
 
 
+def _results_stem(path: Path) -> Path:
+    """``r.json`` and ``r.json.gz`` both name the results ``r``."""
+    return path.with_suffix("") if path.suffix == ".gz" else path
+
+
+def read_results(path: Path) -> dict:
+    """A results JSON as this harness wrote it, or gzipped (the all-op runs are kept in the repo as
+    ``.json.gz``: a megabyte each as plain text)."""
+    path = Path(path)
+    raw = gzip.decompress(path.read_bytes()) if path.suffix == ".gz" else path.read_bytes()
+    return json.loads(raw)
+
+
 def plot(json_path, png_path=None) -> Path:
     """Speed-up over eager vs tokens, one panel per (op, shape), fwd solid / train dashed, plus a
     train-peak-memory panel per op. Writes the PNG beside the JSON (or at ``png_path``)."""
@@ -1263,7 +1277,7 @@ def plot(json_path, png_path=None) -> Path:
     import matplotlib.pyplot as plt
 
     json_path = Path(json_path)
-    payload = json.loads(json_path.read_text())
+    payload = read_results(json_path)
     rows = payload["rows"]
     idx = _index(rows)
     ops = [o for o in OPS if any(r["op"] == o for r in rows)] or sorted({r["op"] for r in rows})
@@ -1340,7 +1354,7 @@ def plot(json_path, png_path=None) -> Path:
     if handles:
         fig.legend(handles, labels, loc="lower center", ncol=len(handles), fontsize=8, frameon=False)
     fig.tight_layout(rect=(0, 0.04, 1, 0.95))
-    png = Path(png_path) if png_path else json_path.with_suffix(".png")
+    png = Path(png_path) if png_path else _results_stem(json_path).with_suffix(".png")
     fig.savefig(png, dpi=110)
     plt.close(fig)
     return png
@@ -1401,7 +1415,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--tol-factor", type=float, default=2.0, help="error allowed vs eager bf16's (default 2x)")
     p.add_argument("--commit", default=None, help="source commit to record (default: $FUSED_GEGLU_COMMIT or git HEAD)")
-    p.add_argument("--plot-only", type=Path, default=None, metavar="JSON", help="only draw the PNG for an existing results JSON")
+    p.add_argument("--plot-only", type=Path, default=None, metavar="JSON",
+                   help="only draw the PNG for an existing results JSON (.json or .json.gz)")
     p.add_argument("--smoke-cpu", action="store_true", help=argparse.SUPPRESS)  # pipeline test on CPU: tiny, fp32
     p.add_argument("--verbose", action="store_true")
     return p
