@@ -83,8 +83,8 @@ def test_plot_only_cli(tmp_path, capsys):
 
 
 def test_plot_only_reads_a_gzipped_results_json(tmp_path):
-    """The all-op runs are kept gzipped in benchmarks/results: --plot-only takes them as they are and
-    draws r.png (not r.json.png) beside them, the same picture as from the plain JSON."""
+    """The all-op runs are kept gzipped in benchmarks/results: read_results gives the same payload for
+    both forms, and --plot-only draws r2.png (not r2.json.png) beside a gzipped r2.json.gz."""
     import gzip
 
     js = _synthetic(tmp_path / "r.json")
