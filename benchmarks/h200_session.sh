@@ -8,6 +8,7 @@
 #   bash benchmarks/h200_session.sh build host decode          # host time per call; decode graph variants
 #   bash benchmarks/h200_session.sh build sweep                # decode_sweep.py (SWEEP_ARGS)
 #   bash benchmarks/h200_session.sh build probe                # kernel_probe.py (PROBE_SECTIONS, default decode)
+#   bash benchmarks/h200_session.sh build seqfirst             # seqfirst_route.py (SEQFIRST_ARGS)
 #   bash benchmarks/h200_session.sh build bench pack           # ... and every log/result in one results.tgz
 #   TEST_FILES=ops bash benchmarks/h200_session.sh build test    # the whole suite in two calls: ops, then
 #   TEST_FILES=loader bash benchmarks/h200_session.sh build test noarch  # the rest + the noarch route
@@ -175,6 +176,14 @@ PY
       timeout ${PROBE_TIMEOUT:-200} python3 benchmarks/diag/kernel_probe.py --out "$OUT/probe" \
         --sections ${PROBE_SECTIONS:-decode} ${PROBE_ARGS:-} 2>&1 | tee "$OUT/probe.log" | tail -60
       summary+=("probe ${PROBE_SECTIONS:-decode} $(($(date +%s)-start))s")
+      ;;
+    seqfirst)
+      # linear over a sequence-first x: batched cuBLASLt against the routes that copy x to rows first
+      # (seqfirst_route.py --help); SEQFIRST_ARGS picks shapes, BxS pairs, activations.
+      export HF_HUB_OFFLINE=1 HF_HUB_CACHE=$PWD/.hub-cache
+      timeout ${SEQFIRST_TIMEOUT:-400} python3 benchmarks/diag/seqfirst_route.py --out "$OUT" ${SEQFIRST_ARGS:-} 2>&1 \
+        | grep -v -i warn | tee "$OUT/seqfirst.log" | tail -70
+      summary+=("seqfirst $(grep -c '|' "$OUT/seqfirst.log") cases $(($(date +%s)-start))s")
       ;;
     e2e)
       # E2E_ARGS, e.g. "--batch 1 --seq 16 --reps 40 --rounds 4 --no-compile --host-profile" (decode host time)
