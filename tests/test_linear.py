@@ -304,6 +304,43 @@ def test_linear_sequence_first_x_is_one_batched_gemm(kernel, device, monkeypatch
         assert_close(g, r, e, f"linear {activation} sequence-first {name}")
 
 
+@pytest.mark.parametrize("activation", [None, "gelu_tanh"])
+def test_linear_sequence_first_x_with_a_large_weight_goes_by_rows(kernel, device, monkeypatch, activation):
+    """Few rows per batch and a weight larger than the L2 (policy op "linear_seqfirst"): B strided
+    batches would each read the whole weight, so auto dispatch copies x to rows once and runs one
+    GEMM (ATen's addmm, or cuBLASLt's GELU epilogue), which reads it once; with many rows per batch
+    the batched GEMM stays. Both right against float64, in the layout ATen returns."""
+    if device != "cuda":
+        pytest.skip("the batched cuBLASLt route exists on CUDA only (test_linear_sequence_first_x_is_one_batched_gemm)")
+    linear_mod = _linear_module(kernel)
+    if not importlib.import_module(f"{kernel.__name__}._dispatch").compiled_has("linear_lt", "cuda"):
+        pytest.skip("this variant has no compiled cuBLASLt linear")
+    k, n = 2048, 8200  # 32.0 MiB of bf16 weight
+    w = randn(n, k, dtype=torch.bfloat16, device=device, scale=k**-0.5)
+    b = randn(n, dtype=torch.bfloat16, device=device, scale=0.5)
+    copies = []
+    real_rows = linear_mod.rows
+
+    def counted_rows(t):
+        copies.append(tuple(t.shape))
+        return real_rows(t)
+
+    monkeypatch.setattr(linear_mod, "rows", counted_rows)
+    for s, bsz, by_rows in ((8, 2, True), (2, 4, True), (256, 2, False)):
+        x = randn(s, bsz, k, dtype=torch.bfloat16, device=device).transpose(0, 1)
+        copies.clear()
+        with torch.no_grad():
+            y = kernel.linear(x, w, b, activation=activation)
+        assert bool(copies) == by_rows, (s, bsz, copies)
+        assert kernel.last_backend("linear") == ("cuda" if activation or not by_rows else "torch")
+        assert y.shape == (bsz, s, n) and y.is_contiguous()
+        ref = kernel.reference.linear_ref(x.double(), w.double(), b.double(), activation)
+        assert_close(y, ref, _eager(x, w, b, activation), f"linear {activation} sequence-first S={s} B={bsz}")
+        with torch.no_grad():
+            y_cuda = kernel.linear(x, w, b, activation=activation, backend="cuda")  # cuBLASLt either way
+        assert_close(y_cuda, ref, _eager(x, w, b, activation), f"linear {activation} sequence-first, cuda")
+
+
 def test_linear_bad_input(kernel, device):
     x, w = randn(4, 6, device=device), randn(5, 6, device=device)
     with pytest.raises(ValueError, match="x has 6 input features"):

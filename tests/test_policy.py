@@ -50,6 +50,7 @@ _OPS = {
     "linear": ({"m"}, {"torch", "triton", "cuda"}),
     "linear_gelu_tanh": ({"m"}, {"torch", "triton", "cuda"}),
     "linear_gelu": ({"m"}, {"torch", "triton", "cuda"}),
+    "linear_seqfirst": ({"s", "weight_mb"}, {"batched", "rows"}),
     "geglu_fwd": ({"numel", "dense"}, {"cuda", "triton", "cpu", "torch"}),
     "geglu_bwd": ({"numel", "dense"}, {"cuda", "triton", "cpu", "torch"}),
     "geglu_bwd_inplace": ({"numel", "dense"}, {"cuda", "triton", "cpu", "torch"}),
@@ -203,6 +204,11 @@ def test_policy_file_is_plain_json(policy):
     ("geglu_bwd", dict(numel=8192 * 14336, dense=1), "cuda"),
     ("geglu_bwd", dict(numel=8192 * 14336, dense=0), "triton"),
     ("geglu_bwd_inplace", dict(numel=8192 * 16384, dense=1), "cuda"),
+    # a sequence-first x: rows of x (one copy) where B batches of few rows would each read a weight
+    # the L2 does not hold; cuBLASLt's strided batches (no copy) elsewhere
+    ("linear_seqfirst", dict(s=8, weight_mb=98), "rows"),
+    ("linear_seqfirst", dict(s=8, weight_mb=15), "batched"),
+    ("linear_seqfirst", dict(s=2048, weight_mb=98), "batched"),
 ])
 def test_h200_decisions(policy, sm90_rules, op, sizes, expected):
     if op in ("geglu_mlp_sm90", "geglu_mlp_sm90_train") and "m" in sizes:

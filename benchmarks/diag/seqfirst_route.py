@@ -107,7 +107,7 @@ def main() -> None:
     p.add_argument("--out", required=True)
     p.add_argument("--shapes", default=",".join(SHAPES))
     p.add_argument("--projections", default="gate,down", help="gate: K=H, N=I; down: K=I, N=H")
-    p.add_argument("--bs", default="2x2,2x8,4x8,8x8,2x32,4x32,8x32,4x128,8x128,4x256",
+    p.add_argument("--bs", default="2x2,2x8,4x8,8x8,2x32,8x32,2x64,4x64,4x128,8x128,4x256",
                    help="BxS pairs (batches x rows per batch)")
     p.add_argument("--activations", default="none,gelu_tanh")
     p.add_argument("--routes", default=",".join(ROUTES))

@@ -126,12 +126,19 @@ def _seq_first(x: torch.Tensor) -> bool:
     return x.stride(0) != x.stride(1) * x.shape[1] and x.stride(1) >= x.shape[2] > 0
 
 
-def _batched_lt_ok(x, bias, requested: str, keep: bool) -> bool:
+def _batched_lt_ok(x, weight, bias, requested: str, keep: bool) -> bool:
     """Whether an inference call runs cuBLASLt on B strided batches of a sequence-first x: the bias
     (and tanh GELU) in the epilogue of one GEMM, no copy of x. Auto dispatch or backend "cuda"
-    only (backend "torch" means ATen); the saved pre-activation of a training step keeps rows."""
-    return (not keep and bias is not None and bias.dim() == 1 and requested in ("auto", "cuda") and x.is_cuda
-            and _seq_first(x) and _dispatch.compiled_has("linear_lt", "cuda"))
+    only (backend "torch" means ATen); the saved pre-activation of a training step keeps rows.
+    Each batch is a GEMM of its own that reads the whole weight, where rows of x (one [M, K] copy)
+    read it once per row tile of all M rows: with few rows per batch and a weight the L2 does not
+    hold, the copy costs less (policy op "linear_seqfirst", measured per rows per batch S and
+    weight size); either way the GEMM is cuBLASLt's, so backend "cuda" follows the same rule."""
+    if not (not keep and bias is not None and bias.dim() == 1 and requested in ("auto", "cuda") and x.is_cuda
+            and _seq_first(x) and _dispatch.compiled_has("linear_lt", "cuda")):
+        return False
+    weight_mb = weight.shape[0] * weight.shape[1] * weight.element_size() >> 20
+    return backend_for("linear_seqfirst", x.device, "batched", s=x.shape[1], weight_mb=weight_mb) == "batched"
 
 
 def _forward(x, weight, bias, activation: str, save_preact: bool, backend: str, chosen: str | None = None):
@@ -142,7 +149,7 @@ def _forward(x, weight, bias, activation: str, save_preact: bool, backend: str, 
     keep = save_preact and activation != "none"
     n = weight.shape[0]
     device = x.device
-    if _batched_lt_ok(x, bias, requested, keep):
+    if _batched_lt_ok(x, weight, bias, requested, keep):
         backend = chosen or _pick(device, requested, activation, x.shape[0] * x.shape[1])
         if backend in ("torch", "cuda"):
             return _batched_lt(x, weight, bias, activation), None
