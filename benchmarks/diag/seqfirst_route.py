@@ -166,9 +166,9 @@ def main() -> None:
                     bad = [r for r in live if row["routes"][r]["rel_err"] > 1e-2]
                     if bad:
                         print(f"   ERROR above 1e-2: {bad}", flush=True)
+                    save_results(args.out, "seqfirst-route.json", rows, copy_rate, args)  # kept if cut short
             del ws
             torch.cuda.empty_cache()
-    save_results(args.out, "seqfirst-route.json", rows, copy_rate, args)
     # The short table: per case, the fastest route under graphs and without, and batched's ratio to it.
     print(f"\n{'case':36s} {'graph best':>18s} {'batched/best':>12s} {'eager best':>18s} {'batched/best':>12s}")
     for key, row in rows.items():
