@@ -50,7 +50,7 @@ _OPS = {
     "linear": ({"m"}, {"torch", "triton", "cuda"}),
     "linear_gelu_tanh": ({"m"}, {"torch", "triton", "cuda"}),
     "linear_gelu": ({"m"}, {"torch", "triton", "cuda"}),
-    "linear_seqfirst": ({"s", "weight_mb"}, {"batched", "rows"}),
+    "linear_seqfirst": ({"b", "s", "weight_mb", "capturing"}, {"batched", "rows"}),
     "geglu_fwd": ({"numel", "dense"}, {"cuda", "triton", "cpu", "torch"}),
     "geglu_bwd": ({"numel", "dense"}, {"cuda", "triton", "cpu", "torch"}),
     "geglu_bwd_inplace": ({"numel", "dense"}, {"cuda", "triton", "cpu", "torch"}),

@@ -1,11 +1,13 @@
 """A sequence-first x (``x[S, B, K].transpose(0, 1)``) at small and middle M: which inference route
 of ``linear`` is fastest, per (B, S), width and activation.
 
-The auto route today runs cuBLASLt over the B strided batches of x (``linear._batched_lt``): no copy
-of x, but each batch is its own GEMM, and at few rows per batch each GEMM reads the whole weight. The
-other routes copy x to rows first (an [M, K] copy) and read the weight once per row tile:
+Until the rule "linear_seqfirst" (policy_sm90.json) every such call ran cuBLASLt over the B strided
+batches of x (``linear._batched_lt``): no copy of x, but each batch is its own GEMM, and at few rows
+per batch each GEMM reads the whole weight. The other routes copy x to rows first (an [M, K] copy)
+and read the weight once per row tile:
 
-  batched     k.linear(x, w, b, backend="cuda")            B strided cuBLASLt batches (auto today)
+  batched     linear._batched_lt(x, w, b, activation)      B strided cuBLASLt batches (called directly:
+                                                           backend="cuda" follows the rule too)
   rows+addmm  k.linear(x, w, b, backend="torch")           rows(x), ATen addmm (bias in the epilogue)
   rows+lt     k.linear(x.reshape(M, K), w, b, backend="cuda")   rows, 2-D cuBLASLt (BIAS / GELU_BIAS)
   triton      k.linear(x, w, b, backend="triton")          rows, the Triton GEMM (split-K at decode)
@@ -24,6 +26,7 @@ Not the product benchmark (benchmarks/compare.py).
 from __future__ import annotations
 
 import argparse
+import importlib
 import os
 import statistics
 import sys
@@ -49,7 +52,8 @@ def route_fn(k, route: str, activation: str):
         b_, s, kk = x.shape
         return k.linear(x.reshape(b_ * s, kk), w, b, activation=act, backend="cuda").view(b_, s, -1)
 
-    fns = {"batched": lambda x, w, b: k.linear(x, w, b, activation=act, backend="cuda"),
+    linear_mod = importlib.import_module(k.__name__ + ".linear")
+    fns = {"batched": lambda x, w, b: linear_mod._batched_lt(x, w, b, activation),
            "rows+addmm": lambda x, w, b: k.linear(x, w, b, activation=act, backend="torch"),
            "rows+lt": rows_lt,
            "triton": lambda x, w, b: k.linear(x, w, b, activation=act, backend="triton"),
