@@ -306,10 +306,11 @@ def test_linear_sequence_first_x_is_one_batched_gemm(kernel, device, monkeypatch
 
 @pytest.mark.parametrize("activation", [None, "gelu_tanh"])
 def test_linear_sequence_first_x_with_a_large_weight_goes_by_rows(kernel, device, monkeypatch, activation):
-    """Few rows per batch and a weight larger than the L2 (policy op "linear_seqfirst"): B strided
-    batches would each read the whole weight, so auto dispatch copies x to rows once and runs one
-    GEMM (ATen's addmm, or cuBLASLt's GELU epilogue), which reads it once; with many rows per batch
-    the batched GEMM stays. Both right against float64, in the layout ATen returns."""
+    """Four or more batches of few rows each, with a weight larger than the L2 (policy op
+    "linear_seqfirst"): B strided batches would each read the whole weight, so auto dispatch copies
+    x to rows once and runs one GEMM (ATen's addmm, or cuBLASLt's GELU epilogue), which reads it
+    once; with two batches, or many rows per batch, the batched GEMM stays. Both right against
+    float64, in the layout ATen returns."""
     if device != "cuda":
         pytest.skip("the batched cuBLASLt route exists on CUDA only (test_linear_sequence_first_x_is_one_batched_gemm)")
     linear_mod = _linear_module(kernel)
@@ -326,7 +327,7 @@ def test_linear_sequence_first_x_with_a_large_weight_goes_by_rows(kernel, device
         return real_rows(t)
 
     monkeypatch.setattr(linear_mod, "rows", counted_rows)
-    for s, bsz, by_rows in ((8, 2, True), (2, 4, True), (256, 2, False)):
+    for s, bsz, by_rows in ((8, 4, True), (64, 4, True), (2, 8, True), (8, 2, False), (128, 4, False)):
         x = randn(s, bsz, k, dtype=torch.bfloat16, device=device).transpose(0, 1)
         copies.clear()
         with torch.no_grad():

@@ -50,7 +50,7 @@ _OPS = {
     "linear": ({"m"}, {"torch", "triton", "cuda"}),
     "linear_gelu_tanh": ({"m"}, {"torch", "triton", "cuda"}),
     "linear_gelu": ({"m"}, {"torch", "triton", "cuda"}),
-    "linear_seqfirst": ({"b", "s", "weight_mb", "capturing"}, {"batched", "rows"}),
+    "linear_seqfirst": ({"b", "s", "weight_mb"}, {"batched", "rows"}),
     "geglu_fwd": ({"numel", "dense"}, {"cuda", "triton", "cpu", "torch"}),
     "geglu_bwd": ({"numel", "dense"}, {"cuda", "triton", "cpu", "torch"}),
     "geglu_bwd_inplace": ({"numel", "dense"}, {"cuda", "triton", "cpu", "torch"}),
@@ -204,11 +204,20 @@ def test_policy_file_is_plain_json(policy):
     ("geglu_bwd", dict(numel=8192 * 14336, dense=1), "cuda"),
     ("geglu_bwd", dict(numel=8192 * 14336, dense=0), "triton"),
     ("geglu_bwd_inplace", dict(numel=8192 * 16384, dense=1), "cuda"),
-    # a sequence-first x: rows of x (one copy) where B batches of few rows would each read a weight
-    # the L2 does not hold; cuBLASLt's strided batches (no copy) elsewhere
-    ("linear_seqfirst", dict(s=8, weight_mb=98), "rows"),
-    ("linear_seqfirst", dict(s=8, weight_mb=15), "batched"),
-    ("linear_seqfirst", dict(s=2048, weight_mb=98), "batched"),
+    # a sequence-first x: rows of x (one copy, one GEMM) where B strided batches of few rows each would
+    # each read the whole weight: 4+ batches of up to 32 rows, up to 64 rows where the weight is 32 MiB
+    # or more, and 2+ batches of up to 32 rows of a weight twice the L2; the strided batches elsewhere
+    ("linear_seqfirst", dict(b=2, s=8, weight_mb=98), "rows"),
+    ("linear_seqfirst", dict(b=2, s=32, weight_mb=98), "rows"),
+    ("linear_seqfirst", dict(b=2, s=64, weight_mb=98), "batched"),
+    ("linear_seqfirst", dict(b=2, s=8, weight_mb=64), "batched"),
+    ("linear_seqfirst", dict(b=2, s=8, weight_mb=15), "batched"),
+    ("linear_seqfirst", dict(b=4, s=8, weight_mb=15), "rows"),
+    ("linear_seqfirst", dict(b=32, s=32, weight_mb=15), "rows"),
+    ("linear_seqfirst", dict(b=4, s=64, weight_mb=15), "batched"),
+    ("linear_seqfirst", dict(b=4, s=64, weight_mb=64), "rows"),
+    ("linear_seqfirst", dict(b=4, s=128, weight_mb=98), "batched"),
+    ("linear_seqfirst", dict(b=4, s=2048, weight_mb=98), "batched"),
 ])
 def test_h200_decisions(policy, sm90_rules, op, sizes, expected):
     if op in ("geglu_mlp_sm90", "geglu_mlp_sm90_train") and "m" in sizes:

@@ -15,7 +15,7 @@ from . import _autocast, _checks, _dispatch, reference
 from ._ops import ops
 from ._opdef import _PLAIN, _tracing, custom_op, transformed
 from ._views import rows
-from .policy import backend_for, capturing, size_free
+from .policy import backend_for, size_free
 
 _GELU_APPROX = {"gelu": "none", "gelu_tanh": "tanh"}
 _POLICY_OP = {"none": "linear", "gelu_tanh": "linear_gelu_tanh", "gelu": "linear_gelu"}
@@ -132,15 +132,15 @@ def _batched_lt_ok(x, weight, bias, requested: str, keep: bool) -> bool:
     only (backend "torch" means ATen); the saved pre-activation of a training step keeps rows.
     Each batch is a GEMM of its own that reads the whole weight, where rows of x (one [M, K] copy)
     read it once per row tile of all M rows: with few rows per batch and a weight the L2 does not
-    hold, or with many batches of few rows each, the copy costs less (policy op "linear_seqfirst",
-    measured per batch count B, rows per batch S, weight size and CUDA-graph capture); either way
-    the GEMM is cuBLASLt's, so backend "cuda" follows the same rule."""
+    hold, or with four or more batches of few rows each, the copy costs less (policy op
+    "linear_seqfirst", measured per batch count B, rows per batch S and weight size); either way the
+    GEMM is cuBLASLt's, so backend "cuda" follows the same rule."""
     if not (not keep and bias is not None and bias.dim() == 1 and requested in ("auto", "cuda") and x.is_cuda
             and _seq_first(x) and _dispatch.compiled_has("linear_lt", "cuda")):
         return False
+    b, s, _ = x.shape
     weight_mb = weight.shape[0] * weight.shape[1] * weight.element_size() >> 20
-    return backend_for("linear_seqfirst", x.device, "batched", b=x.shape[0], s=x.shape[1], weight_mb=weight_mb,
-                       capturing=capturing(x.device)) == "batched"
+    return backend_for("linear_seqfirst", x.device, "batched", b=b, s=s, weight_mb=weight_mb) == "batched"
 
 
 def _forward(x, weight, bias, activation: str, save_preact: bool, backend: str, chosen: str | None = None):
