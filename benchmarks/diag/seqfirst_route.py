@@ -36,6 +36,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _diag import L2_BYTES, SHAPES, copy_gbs, load_kernel, save_results  # noqa: E402
+from decode_pdl import graph_of, time_replays  # noqa: E402
 
 ROUTES = ("batched", "rows+addmm", "rows+lt", "triton", "auto", "eager")
 _APPROX = {"gelu_tanh": "tanh", "gelu": "none"}
@@ -60,29 +61,6 @@ def route_fn(k, route: str, activation: str):
            "auto": lambda x, w, b: k.linear(x, w, b, activation=act),
            "eager": eager}
     return fns[route]
-
-
-def graph_of(fn, sets):
-    """One CUDA graph calling fn on every set (warmed, and Triton compiled, outside the capture)."""
-    for s in sets:
-        fn(*s)
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        outs = [fn(*s) for s in sets]
-    g.replay()
-    torch.cuda.synchronize()
-    return g, outs
-
-
-def time_graph(g, n: int, reps: int) -> list[float]:
-    ev = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(reps)]
-    for a, b in ev:
-        a.record()
-        g.replay()
-        b.record()
-    torch.cuda.synchronize()
-    return [a.elapsed_time(b) * 1e3 / n for a, b in ev]
 
 
 def time_eager(fn, sets, reps: int) -> list[float]:
@@ -157,7 +135,7 @@ def main() -> None:
                     live = [r for r in routes if r in graphs]
                     for rnd in range(args.rounds):
                         for r in (live if rnd % 2 == 0 else live[::-1]):
-                            row["routes"][r]["graph"] += time_graph(graphs[r], nsets, args.reps)
+                            row["routes"][r]["graph"] += [t / nsets for t in time_replays(graphs[r], args.reps)]
                             row["routes"][r]["eager"] += time_eager(fns[r], sets, max(1, args.reps // 2))
                     for r in live:
                         v = row["routes"][r]
