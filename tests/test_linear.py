@@ -306,19 +306,17 @@ def test_linear_sequence_first_x_is_one_batched_gemm(kernel, device, monkeypatch
 
 @pytest.mark.parametrize("activation", [None, "gelu_tanh"])
 def test_linear_sequence_first_x_with_a_large_weight_goes_by_rows(kernel, device, monkeypatch, activation):
-    """Four or more batches of few rows each, with a weight larger than the L2 (policy op
+    """Three or more batches of few rows each, with a weight the L2 does not hold (policy op
     "linear_seqfirst"): B strided batches would each read the whole weight, so auto dispatch copies
     x to rows once and runs one GEMM (ATen's addmm, or cuBLASLt's GELU epilogue), which reads it
-    once; with two batches, or many rows per batch, the batched GEMM stays. Both right against
-    float64, in the layout ATen returns."""
+    once; with two batches, or many rows per batch, the batched GEMM stays, except for a wide
+    weight (the gate/up projections' shape, N >= 2K) at up to 128 rows per batch and M <= 512.
+    Both right against float64, in the layout ATen returns."""
     if device != "cuda":
         pytest.skip("the batched cuBLASLt route exists on CUDA only (test_linear_sequence_first_x_is_one_batched_gemm)")
     linear_mod = _linear_module(kernel)
     if not importlib.import_module(f"{kernel.__name__}._dispatch").compiled_has("linear_lt", "cuda"):
         pytest.skip("this variant has no compiled cuBLASLt linear")
-    k, n = 2048, 8200  # 32.0 MiB of bf16 weight
-    w = randn(n, k, dtype=torch.bfloat16, device=device, scale=k**-0.5)
-    b = randn(n, dtype=torch.bfloat16, device=device, scale=0.5)
     copies = []
     real_rows = linear_mod.rows
 
@@ -327,12 +325,20 @@ def test_linear_sequence_first_x_with_a_large_weight_goes_by_rows(kernel, device
         return real_rows(t)
 
     monkeypatch.setattr(linear_mod, "rows", counted_rows)
-    for s, bsz, by_rows in ((8, 4, True), (64, 4, True), (2, 8, True), (8, 2, False), (128, 4, False)):
+    # 32.0 MiB of bf16 weight either way: wide [8200, 2048] (a gate projection's shape) and narrow
+    # [2048, 8200] (a down projection's); (S, B, wide, by rows)
+    cases = ((8, 4, True, True), (64, 4, False, True), (2, 8, True, True), (8, 2, True, False),
+             (8, 3, False, True), (64, 3, False, False), (64, 3, True, True), (128, 4, True, True),
+             (128, 4, False, False), (128, 8, True, False))
+    for s, bsz, wide, by_rows in cases:
+        n, k = (8200, 2048) if wide else (2048, 8200)
+        w = randn(n, k, dtype=torch.bfloat16, device=device, scale=k**-0.5)
+        b = randn(n, dtype=torch.bfloat16, device=device, scale=0.5)
         x = randn(s, bsz, k, dtype=torch.bfloat16, device=device).transpose(0, 1)
         copies.clear()
         with torch.no_grad():
             y = kernel.linear(x, w, b, activation=activation)
-        assert bool(copies) == by_rows, (s, bsz, copies)
+        assert bool(copies) == by_rows, (s, bsz, tuple(w.shape), copies)
         assert kernel.last_backend("linear") == ("cuda" if activation or not by_rows else "torch")
         assert y.shape == (bsz, s, n) and y.is_contiguous()
         ref = kernel.reference.linear_ref(x.double(), w.double(), b.double(), activation)

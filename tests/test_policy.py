@@ -50,7 +50,7 @@ _OPS = {
     "linear": ({"m"}, {"torch", "triton", "cuda"}),
     "linear_gelu_tanh": ({"m"}, {"torch", "triton", "cuda"}),
     "linear_gelu": ({"m"}, {"torch", "triton", "cuda"}),
-    "linear_seqfirst": ({"b", "s", "weight_mb"}, {"batched", "rows"}),
+    "linear_seqfirst": ({"b", "s", "m", "weight_mb", "n_per_k"}, {"batched", "rows"}),
     "geglu_fwd": ({"numel", "dense"}, {"cuda", "triton", "cpu", "torch"}),
     "geglu_bwd": ({"numel", "dense"}, {"cuda", "triton", "cpu", "torch"}),
     "geglu_bwd_inplace": ({"numel", "dense"}, {"cuda", "triton", "cpu", "torch"}),
@@ -89,6 +89,12 @@ def test_every_rule_names_known_sizes_and_backends(sm90_rules):
 def test_policy_file_is_plain_json(policy):
     path = Path(policy.__file__).with_name("policy_sm90.json")
     json.loads(path.read_text())  # raises on a syntax error
+
+
+def _seqfirst(b: int, s: int, weight_mb: int, n_per_k: int = 0):
+    """linear_seqfirst's op and sizes as linear._batched_lt_ok passes them (n_per_k 0: a down
+    projection, N < K)."""
+    return "linear_seqfirst", dict(b=b, s=s, m=b * s, weight_mb=weight_mb, n_per_k=n_per_k)
 
 
 @pytest.mark.parametrize("op, sizes, expected", [
@@ -205,19 +211,36 @@ def test_policy_file_is_plain_json(policy):
     ("geglu_bwd", dict(numel=8192 * 14336, dense=0), "triton"),
     ("geglu_bwd_inplace", dict(numel=8192 * 16384, dense=1), "cuda"),
     # a sequence-first x: rows of x (one copy, one GEMM) where B strided batches of few rows each would
-    # each read the whole weight: 4+ batches of up to 32 rows, up to 64 rows where the weight is 32 MiB
-    # or more, and 2+ batches of up to 32 rows of a weight twice the L2; the strided batches elsewhere
-    ("linear_seqfirst", dict(b=2, s=8, weight_mb=98), "rows"),
-    ("linear_seqfirst", dict(b=2, s=32, weight_mb=98), "rows"),
-    ("linear_seqfirst", dict(b=2, s=64, weight_mb=98), "batched"),
-    ("linear_seqfirst", dict(b=2, s=8, weight_mb=64), "batched"),
-    ("linear_seqfirst", dict(b=2, s=8, weight_mb=15), "batched"),
-    ("linear_seqfirst", dict(b=4, s=8, weight_mb=15), "rows"),
-    ("linear_seqfirst", dict(b=32, s=32, weight_mb=15), "rows"),
-    ("linear_seqfirst", dict(b=4, s=64, weight_mb=15), "batched"),
-    ("linear_seqfirst", dict(b=4, s=64, weight_mb=64), "rows"),
-    ("linear_seqfirst", dict(b=4, s=128, weight_mb=98), "batched"),
-    ("linear_seqfirst", dict(b=4, s=2048, weight_mb=98), "batched"),
+    # each read the whole weight: 4+ batches of up to 32 rows; 3+ batches of up to 32 rows, or 4+ of up
+    # to 64, where the weight is 32 MiB or more; 2+ batches of up to 32 rows, or 3+ of up to 64, of a
+    # weight twice the L2; a wide weight (gate/up: N >= 2K) of 32 MiB or more in 3+ batches, or of
+    # 96 MiB or more in 2+, up to 128 rows each and M <= 512. The strided batches elsewhere.
+    (*_seqfirst(2, 8, 98), "rows"),
+    (*_seqfirst(2, 32, 98), "rows"),
+    (*_seqfirst(2, 64, 98), "batched"),
+    (*_seqfirst(2, 64, 98, n_per_k=4), "rows"),  # a tie there (H100: 48.0 us batched, 46.4 by rows)
+    (*_seqfirst(2, 128, 98, n_per_k=4), "rows"),
+    (*_seqfirst(2, 128, 64, n_per_k=8), "batched"),
+    (*_seqfirst(2, 8, 64), "batched"),
+    (*_seqfirst(2, 8, 15), "batched"),
+    (*_seqfirst(3, 8, 15), "batched"),
+    (*_seqfirst(3, 32, 15, n_per_k=6), "batched"),
+    (*_seqfirst(3, 8, 64), "rows"),
+    (*_seqfirst(3, 32, 64), "rows"),
+    (*_seqfirst(3, 64, 64), "batched"),
+    (*_seqfirst(3, 64, 64, n_per_k=8), "rows"),
+    (*_seqfirst(3, 64, 98), "rows"),
+    (*_seqfirst(3, 128, 98), "batched"),
+    (*_seqfirst(3, 128, 64, n_per_k=8), "rows"),
+    (*_seqfirst(4, 8, 15), "rows"),
+    (*_seqfirst(32, 32, 15), "rows"),
+    (*_seqfirst(4, 64, 15), "batched"),
+    (*_seqfirst(4, 64, 64), "rows"),
+    (*_seqfirst(4, 128, 98), "batched"),
+    (*_seqfirst(4, 128, 98, n_per_k=4), "rows"),
+    (*_seqfirst(8, 128, 98, n_per_k=4), "batched"),
+    (*_seqfirst(4, 256, 64, n_per_k=8), "batched"),
+    (*_seqfirst(4, 2048, 98), "batched"),
 ])
 def test_h200_decisions(policy, sm90_rules, op, sizes, expected):
     if op in ("geglu_mlp_sm90", "geglu_mlp_sm90_train") and "m" in sizes:

@@ -133,14 +133,17 @@ def _batched_lt_ok(x, weight, bias, requested: str, keep: bool) -> bool:
     Each batch is a GEMM of its own that reads the whole weight, where rows of x (one [M, K] copy)
     read it once per row tile of all M rows: with few rows per batch and a weight the L2 does not
     hold, or with four or more batches of few rows each, the copy costs less (policy op
-    "linear_seqfirst", measured per batch count B, rows per batch S and weight size); either way the
-    GEMM is cuBLASLt's, so backend "cuda" follows the same rule."""
+    "linear_seqfirst", measured per batch count B, rows per batch S, M = B * S, weight size and
+    shape: ``n_per_k`` = N // K is 2 or more for the gate and up projections, whose one 2-D GEMM
+    has enough output tiles at M <= 512 where the down projection's does not); either way the GEMM
+    is cuBLASLt's, so backend "cuda" follows the same rule."""
     if not (not keep and bias is not None and bias.dim() == 1 and requested in ("auto", "cuda") and x.is_cuda
             and _seq_first(x) and _dispatch.compiled_has("linear_lt", "cuda")):
         return False
     b, s, _ = x.shape
-    weight_mb = weight.shape[0] * weight.shape[1] * weight.element_size() >> 20
-    return backend_for("linear_seqfirst", x.device, "batched", b=b, s=s, weight_mb=weight_mb) == "batched"
+    n, k = weight.shape
+    return backend_for("linear_seqfirst", x.device, "batched", b=b, s=s, m=b * s,
+                       weight_mb=n * k * weight.element_size() >> 20, n_per_k=n // k) == "batched"
 
 
 def _forward(x, weight, bias, activation: str, save_preact: bool, backend: str, chosen: str | None = None):
