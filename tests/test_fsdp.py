@@ -191,13 +191,14 @@ def _worker(rank: int, world: int, port: int, result_dir: str) -> None:
             assert eager_nodes == [0] * STEPS
             # A float64 model computed in float32 has float64 gradients of float32 values: judged as float32.
             as32 = (lambda t: t.float()) if precision == "f64-as-f32" else (lambda t: t)
-            _numerics.assert_close(as32(losses), ref_losses, as32(eager_losses), what=f"{name} losses")
+            _numerics.assert_close(as32(losses), ref_losses, as32(eager_losses), what=f"{name} losses", model=True)
             # Under the bf16 policy the first SGD step (lr 0.5) already moves eager's second-step
             # gradients 100 % away from float64's: only the first step's are a measure there.
             for step in range(1 if precision == "bf16" else STEPS):
                 for proj, got, want, eager in zip(("gate", "up", "down"), grads[step], ref_grads[step],
                                                   eager_grads[step]):
-                    _numerics.assert_close(as32(got), want, as32(eager), what=f"{name} step {step} {proj}_proj gradient")
+                    _numerics.assert_close(as32(got), want, as32(eager), what=f"{name} step {step} {proj}_proj gradient",
+                                           model=True)
 
         # ModernBERT's packed Wi, fully_shard per layer then kernelize: the layer splits the gathered Wi into views,
         # and their gradients reach the one sharded parameter.
@@ -210,10 +211,10 @@ def _worker(rank: int, world: int, port: int, result_dir: str) -> None:
         eager_losses, eager_nodes, eager_grads = _train(_shard(_modernbert(0), mesh, False, None), ids)
         assert eager_nodes == [0] * STEPS
         mb_losses, _, mb_grads = _train(_modernbert(0).double(), ids)
-        _numerics.assert_close(losses, mb_losses, eager_losses, what="modernbert losses")
+        _numerics.assert_close(losses, mb_losses, eager_losses, what="modernbert losses", model=True)
         for step in range(STEPS):
             for proj, got, want, eager in zip(("Wi", "Wo"), grads[step], mb_grads[step], eager_grads[step]):
-                _numerics.assert_close(got, want, eager, what=f"modernbert step {step} {proj} gradient")
+                _numerics.assert_close(got, want, eager, what=f"modernbert step {step} {proj} gradient", model=True)
 
         # DistributedDataParallel (its gradient all-reduce runs in autograd hooks on the parameters, which the
         # kernel's nodes feed like any other): kernelized before or after wrapping, it trains fused and within
@@ -232,10 +233,10 @@ def _worker(rank: int, world: int, port: int, result_dir: str) -> None:
             assert nodes == [2] * STEPS, f"{name}: fused MLP nodes per step {nodes} (2 layers)"
             eager_losses, eager_nodes, eager_grads = _train(DistributedDataParallel(_gemma(0)), ids)
             assert eager_nodes == [0] * STEPS
-            _numerics.assert_close(losses, ref_losses, eager_losses, what=f"{name} losses")
+            _numerics.assert_close(losses, ref_losses, eager_losses, what=f"{name} losses", model=True)
             for step in range(STEPS):
                 for proj, got, want, eager in zip(("gate", "up", "down"), grads[step], ref_grads[step], eager_grads[step]):
-                    _numerics.assert_close(got, want, eager, what=f"{name} step {step} {proj}_proj gradient")
+                    _numerics.assert_close(got, want, eager, what=f"{name} step {step} {proj}_proj gradient", model=True)
 
         # fully_shard over weights torch's parallelize_module made tensor-parallel: its forward hooks on the
         # projections (which the layer would skip) refuse the MLP; the host's path trains as eager.
@@ -311,10 +312,10 @@ def _fsdp_tp_worker(rank: int, world: int, port: int, model_dir: str, result_dir
         eager = GemmaForCausalLM.from_pretrained(model_dir, distributed_config=config).train()
         eager_losses, eager_nodes, eager_grads = _train(eager, ids)
         assert eager_nodes == [0] * STEPS
-        _numerics.assert_close(losses, ref_losses, eager_losses, what="fsdp+tp losses")
+        _numerics.assert_close(losses, ref_losses, eager_losses, what="fsdp+tp losses", model=True)
         for step in range(STEPS):
             for proj, got, want, e in zip(("gate", "up", "down"), grads[step], ref_grads[step], eager_grads[step]):
-                _numerics.assert_close(got, want, e, what=f"fsdp+tp step {step} {proj}_proj gradient")
+                _numerics.assert_close(got, want, e, what=f"fsdp+tp step {step} {proj}_proj gradient", model=True)
         Path(result_dir, f"rank{rank}").write_text("ok")
     finally:
         dist.destroy_process_group()

@@ -28,10 +28,11 @@ import _numerics  # noqa: E402
 from conftest import REPO_CACHE_DIR, VERSION  # noqa: E402
 from fused_geglu_tools import transformers as fgt  # noqa: E402
 
-# Relative floor on max|err| / max|ref|, per dtype: the kernel tests' (tests/_numerics.py), which
-# the model comparisons here needed less of (largest need 0.76 fp32 eps over 245 comparisons, logged
-# with $FUSED_GEGLU_TOLERANCE_LOG). They were 2e-4 (fp32, 1700 eps) and 2e-2 (bf16) before.
-FLOOR = _numerics.FLOOR
+# Relative floor on max|err| / max|ref|, per dtype: _numerics.MODEL_FLOOR (32 fp32 eps; the kernel
+# tests' FLOOR in bf16/fp16). On an AMD EPYC the comparisons here needed 0.76 fp32 eps at most (245
+# comparisons, logged with $FUSED_GEGLU_TOLERANCE_LOG); on an Intel Xeon with AVX-512 one T5Gemma
+# gradient needed 5 (1.02e-5 against eager's 4.82e-6). They were 2e-4 (fp32, 1700 eps) and 2e-2 (bf16)
+# before.
 # A kernelized model against the same model unkernelized, both fp32 (no TF32: the Triton GEMMs use
 # input_precision="ieee"): the GEMMs may sum in another order and the GELUs differ by a few ulps. On
 # the CPU the largest difference was 2.0e-6 absolute (logits of magnitude ~1); it was 2e-4 before.
@@ -188,7 +189,7 @@ def _rel_err(got, ref):
 
 def _assert_close(what, got, eager, ref, dtype):
     ours, theirs = _rel_err(got, ref), _rel_err(eager, ref)
-    ok = ours <= 2 * theirs + FLOOR[dtype]
+    ok = ours <= 2 * theirs + _numerics.MODEL_FLOOR[dtype]  # a whole model's result (_numerics.MODEL_FLOOR)
     _numerics._log(f"model {what}", dtype, got.device, ours, theirs, ours, theirs, 2.0, ok)
     assert ok, f"{what}: kernel rel err {ours:.3g} vs eager {theirs:.3g} ({dtype})"
 
