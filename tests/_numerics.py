@@ -38,7 +38,7 @@ FLOOR = {torch.float32: 4 * _EPS[torch.float32], torch.float16: _EPS[torch.float
 # (18 and 3.8 eps) with the AVX-512 path, 1.19e-6 with the scalar path (FUSED_GEGLU_CPU_ISA=baseline);
 # T5Gemma's cross-attention q_proj gradient 1.02e-5 against 4.82e-6. Both passed on the AMD EPYC CPU
 # the floors above were measured on. 32 eps (3.8e-6) covers the largest of these with 3x to spare and
-# stays four orders below bf16's rounding, so a wrong path still fails. bf16 and fp16 keep FLOOR: there
+# stays three orders below bf16's rounding, so a wrong path still fails. bf16 and fp16 keep FLOOR: there
 # each op's rounding dominates and the 2x rule holds at model level.
 MODEL_FLOOR = {**FLOOR, torch.float32: 32 * _EPS[torch.float32]}
 
