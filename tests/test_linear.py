@@ -310,8 +310,9 @@ def test_linear_sequence_first_x_with_a_large_weight_goes_by_rows(kernel, device
     "linear_seqfirst"): B strided batches would each read the whole weight, so auto dispatch copies
     x to rows once and runs one GEMM (ATen's addmm, or cuBLASLt's GELU epilogue), which reads it
     once; with two batches, or many rows per batch, the batched GEMM stays, except for a wide
-    weight (the gate/up projections' shape, N >= 2K) at up to 128 rows per batch and M <= 512.
-    Both right against float64, in the layout ATen returns."""
+    weight (the gate/up projections' shape, N >= 2K) at up to 128 rows per batch and M <= 512
+    (M <= 1024 from 96 MiB), and eight or more batches of up to 64 rows of a wide weight of any
+    size. Both right against float64, in the layout ATen returns."""
     if device != "cuda":
         pytest.skip("the batched cuBLASLt route exists on CUDA only (test_linear_sequence_first_x_is_one_batched_gemm)")
     linear_mod = _linear_module(kernel)
@@ -325,13 +326,14 @@ def test_linear_sequence_first_x_with_a_large_weight_goes_by_rows(kernel, device
         return real_rows(t)
 
     monkeypatch.setattr(linear_mod, "rows", counted_rows)
-    # 32.0 MiB of bf16 weight either way: wide [8200, 2048] (a gate projection's shape) and narrow
-    # [2048, 8200] (a down projection's); (S, B, wide, by rows)
-    cases = ((8, 4, True, True), (64, 4, False, True), (2, 8, True, True), (8, 2, True, False),
-             (8, 3, False, True), (64, 3, False, False), (64, 3, True, True), (128, 4, True, True),
-             (128, 4, False, False), (128, 8, True, False))
-    for s, bsz, wide, by_rows in cases:
-        n, k = (8200, 2048) if wide else (2048, 8200)
+    # bf16 weights [N, K]: 32.0 MiB wide (a gate projection's shape) and narrow (a down
+    # projection's), 15 MiB wide (L2-resident), 96 MiB wide; (S, B, weight, by rows)
+    wide, narrow, small, large = (8200, 2048), (2048, 8200), (6912, 1152), (16384, 3072)
+    cases = ((8, 4, wide, True), (64, 4, narrow, True), (2, 8, wide, True), (8, 2, wide, False),
+             (8, 3, narrow, True), (64, 3, narrow, False), (64, 3, wide, True), (128, 4, wide, True),
+             (128, 4, narrow, False), (128, 8, wide, False), (64, 8, small, True), (64, 4, small, False),
+             (128, 8, small, False), (64, 8, small[::-1], False), (128, 8, large, True))
+    for s, bsz, (n, k), by_rows in cases:
         w = randn(n, k, dtype=torch.bfloat16, device=device, scale=k**-0.5)
         b = randn(n, dtype=torch.bfloat16, device=device, scale=0.5)
         x = randn(s, bsz, k, dtype=torch.bfloat16, device=device).transpose(0, 1)

@@ -135,8 +135,9 @@ def _batched_lt_ok(x, weight, bias, requested: str, keep: bool) -> bool:
     hold, or with four or more batches of few rows each, the copy costs less (policy op
     "linear_seqfirst", measured per batch count B, rows per batch S, M = B * S, weight size and
     shape: ``n_per_k`` = N // K is 2 or more for the gate and up projections, whose one 2-D GEMM
-    has enough output tiles at M <= 512 where the down projection's does not); either way the GEMM
-    is cuBLASLt's, so backend "cuda" follows the same rule."""
+    has enough output tiles at M <= 512, or M <= 1024 for a weight twice the L2, where the down
+    projection's does not); either way the GEMM is cuBLASLt's, so backend "cuda" follows the same
+    rule. ``benchmarks/diag/seqfirst_score.py`` scores the rule against every stored run."""
     if not (not keep and bias is not None and bias.dim() == 1 and requested in ("auto", "cuda") and x.is_cuda
             and _seq_first(x) and _dispatch.compiled_has("linear_lt", "cuda")):
         return False
