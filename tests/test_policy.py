@@ -411,9 +411,10 @@ def test_seqfirst_rules_miss_no_more_than_recorded(policy, sm90_rules):
     stored = {p.name for p in _RESULTS.glob("seqfirst-route-*.json.gz")}
     assert stored == set(_SEQFIRST_MISSES), f"runs without a recorded count: {sorted(stored ^ set(_SEQFIRST_MISSES))}"
     for name, allowed in _SEQFIRST_MISSES.items():
-        cases = list(scorer.score(scorer.load(str(_RESULTS / name)), sm90_rules["linear_seqfirst"],
-                                  first_match=policy.first_match))
+        run = scorer.load(str(_RESULTS / name))
+        cases = list(scorer.score(run, sm90_rules["linear_seqfirst"], first_match=policy.first_match))
         misses = [(c[0], round(c[3] / c[4], 2)) for c in cases if c[-1]]
+        assert len(cases) == len(run["rows"]), f"{name}: {len(run['rows']) - len(cases)} cases not scored"
         assert len(cases) >= 24 and len(misses) <= allowed, (name, misses)
 
 
