@@ -49,10 +49,14 @@ def errors(out: torch.Tensor, ref: torch.Tensor, scale_ref: torch.Tensor | None 
     gradient through GELU is a product with gelu'(pre), which is zero near pre = -0.75: there the
     result is tiny next to the terms that form it, and its error relative to itself says nothing
     (a one-element dx at pre = -0.7524 measured 3.6e-4 relative to itself, 3x eager's)."""
-    out, ref = out.detach().double().cpu(), ref.detach().double().cpu()
+    # In float64 on the output's device: on a GPU, copying a [1024, 16384] result and its reference to
+    # the host and reducing them there cost more than the op under test, and under pytest-xdist the
+    # workers' host reductions contend for the same cores. Only the four scalars come back.
+    dev = out.device
+    out, ref = out.detach().double(), ref.detach().to(dev, torch.float64)
     assert out.shape == ref.shape, f"shape {tuple(out.shape)} != reference {tuple(ref.shape)}"
     assert torch.isfinite(out).all(), "non-finite values in the output"
-    mag = ref if scale_ref is None else scale_ref.detach().double().cpu()
+    mag = ref if scale_ref is None else scale_ref.detach().to(dev, torch.float64)
     scale = max(ref.abs().max().item(), mag.abs().max().item()) or 1.0
     norm = max(ref.norm().item(), mag.norm().item()) or 1.0
     return (out - ref).norm().item() / norm, (out - ref).abs().max().item() / scale

@@ -35,6 +35,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # _numerics
 import torch  # noqa: E402
 
 HAS_CUDA = torch.cuda.is_available()
+# Under pytest-xdist every worker would start torch's default of one intra-op thread per core, so
+# -n 15 on 16 cores runs 15 x 16 threads, which spin on the same cores and slow every worker's host
+# work (references, Triton's compiles). Each worker gets its share of the cores instead.
+_WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0") or 0)
+if _WORKERS > 1:
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // _WORKERS))
 if not HAS_CUDA:
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
