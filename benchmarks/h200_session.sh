@@ -12,6 +12,8 @@
 #   bash benchmarks/h200_session.sh build bench pack           # ... and every log/result in one results.tgz
 #   TEST_FILES=ops bash benchmarks/h200_session.sh build test    # the whole suite in two calls: ops, then
 #   TEST_FILES=loader bash benchmarks/h200_session.sh build test noarch  # the rest + the noarch route
+#   (on an H100 at 4f36870 the three took 147 + 83 + 85 s under -n 15, cold Triton and inductor caches:
+#   one call can hold them with the build, TEST_FILES=tests, where nothing else shares it)
 # The last lines printed are a short summary of each phase.
 # Build time: `build` leaves $OUT/objcache-cu.tgz (the builder's compiled kernel objects, keyed by
 # their sources, flags and torch version). Unpacked into .objcache-cu/ here (git-ignored locally via
@@ -103,8 +105,9 @@ for phase in "$@"; do
       summary+=("diag $(tail -1 "$OUT/diag.log")")
       ;;
     test)
-      # TEST_FILES: paths, or `ops` / `loader`, the two halves of the whole suite (one call cannot hold
-      # both with the build: on an H100, -n 15, ops took 410 s and loader 116 s at 4fa5584).
+      # TEST_FILES: paths, or `ops` / `loader`, the two halves of the whole suite (on an H100, -n 15: ops
+      # 414 s and loader 126 s at 024e001, when every worker ran torch's 16 threads; 147 s and 83 s at
+      # 4f36870, with tests/conftest.py's share of the cores and errors() reduced on the GPU).
       case ${TEST_FILES:-tests} in
         ops) files=$OPS_TESTS ;;
         loader) files=$(for f in tests/test_*.py; do [[ " $OPS_TESTS " == *" $f "* ]] || printf '%s ' "$f"; done) ;;
