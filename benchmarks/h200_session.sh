@@ -12,8 +12,8 @@
 #   bash benchmarks/h200_session.sh build bench pack           # ... and every log/result in one results.tgz
 #   TEST_FILES=ops bash benchmarks/h200_session.sh build test    # the whole suite in two calls: ops, then
 #   TEST_FILES=loader bash benchmarks/h200_session.sh build test noarch  # the rest + the noarch route
-#   (on an H100 at 4f36870 the three took 147 + 83 + 85 s under -n 15, cold Triton and inductor caches:
-#   one call can hold them with the build, TEST_FILES=tests, where nothing else shares it)
+#   TEST_FILES=tests bash benchmarks/h200_session.sh build test noarch  # ... or all of it in one call: on a
+#   fresh H100 at d3c3b41, -n 15, the suite took 176 s and noarch 102 s, 316 s with the build
 # The last lines printed are a short summary of each phase.
 # Build time: `build` leaves $OUT/objcache-cu.tgz (the builder's compiled kernel objects, keyed by
 # their sources, flags and torch version). Unpacked into .objcache-cu/ here (git-ignored locally via
