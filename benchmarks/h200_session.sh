@@ -41,7 +41,7 @@ python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upg
   || { echo "wheel install failed"; exit 1; }
 export PYTHONPATH=/tmp/site:$PWD/src
 FG="python3 -m fused_geglu_tools"
-# pytest-xdist workers for the test phases, one core left for the GPU's feeder threads. Unset, the
+# pytest-xdist workers for the test phases, one per core but one. Unset, the
 # phases used to run serially (one call in the fifty-eighth session: 540 s for the ops files less
 # the FSDP ones). PYTEST_ARGS="" runs serially; tests/conftest.py gives each worker its share of the cores.
 if [ -z "${PYTEST_ARGS+set}" ] && python3 -c "import xdist" 2>/dev/null; then
