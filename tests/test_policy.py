@@ -215,7 +215,8 @@ def _seqfirst(b: int, s: int, weight_mb: int, n_per_k: int = 0):
     # each read the whole weight: 4+ batches of up to 32 rows; 3+ batches of up to 32 rows, or 4+ of up
     # to 64, where the weight is 32 MiB or more; 2+ batches of up to 32 rows, or 3+ of up to 64, of a
     # weight twice the L2; a wide weight (gate/up: N >= 2K) of 32 MiB or more in 3+ batches, or of
-    # 96 MiB or more in 2+, up to 128 rows each and M <= 512. The strided batches elsewhere.
+    # 96 MiB or more in 2+, up to 128 rows each and M <= 512 (M <= 1024 from 96 MiB); a wide weight of any
+    # size in 8+ batches of up to 64 rows. The strided batches elsewhere.
     (*_seqfirst(2, 8, 98), "rows"),
     (*_seqfirst(2, 32, 98), "rows"),
     (*_seqfirst(2, 64, 98), "batched"),

@@ -132,7 +132,8 @@ def _batched_lt_ok(x, weight, bias, requested: str, keep: bool) -> bool:
     only (backend "torch" means ATen); the saved pre-activation of a training step keeps rows.
     Each batch is a GEMM of its own that reads the whole weight, where rows of x (one [M, K] copy)
     read it once per row tile of all M rows: with few rows per batch and a weight the L2 does not
-    hold, or with four or more batches of few rows each, the copy costs less (policy op
+    hold, with four or more batches of few rows each, or with eight or more batches of up to 64 rows
+    of a gate/up-shaped weight of any size, the copy costs less (policy op
     "linear_seqfirst", measured per batch count B, rows per batch S, M = B * S, weight size and
     shape: ``n_per_k`` = N // K is 2 or more for the gate and up projections, whose one 2-D GEMM
     has enough output tiles at M <= 512, or M <= 1024 for a weight twice the L2, where the down
