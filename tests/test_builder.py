@@ -293,6 +293,59 @@ def test_cuda_home_behind_an_nvcc_wrapper_script(tmp_path, monkeypatch):
     assert toolchain._cuda_home(str(wrapper)) == tmp_path / "elsewhere"
 
 
+def test_cuda_headers_come_from_nvccs_toolkit_and_libraries_from_torchs_wheels(tmp_path, monkeypatch):
+    """Headers: the toolkit's before the nvidia-* wheels', since CCCL and the runtime headers must be
+    nvcc's own release. torch 2.15's PyPI build (CUDA 13.2 wheels) with nvcc 13.0 failed every .cu
+    ("CUDA compiler and CUDA toolkit headers are incompatible") while the wheels' came first.
+    Libraries: the wheels' first, the cuBLASLt torch itself loads."""
+    from fused_geglu_tools import toolchain
+
+    kit, wheel = tmp_path / "cuda-13.0", tmp_path / "site" / "nvidia" / "cu13"
+    for d in (kit / "include", kit / "lib64", wheel / "include", wheel / "lib"):
+        d.mkdir(parents=True)
+    monkeypatch.setattr(toolchain, "_cuda_home", lambda nvcc: kit)
+    monkeypatch.setattr(toolchain, "_nvidia_wheel_dirs", lambda: ([str(wheel / "include")], [str(wheel / "lib")]))
+    monkeypatch.setattr(toolchain, "nvcc_release", lambda nvcc: "13.0")
+    tc = toolchain.detect()
+    assert tc.cuda_include_dirs == (str(kit / "include"), str(wheel / "include"))
+    assert tc.cuda_library_dirs == (str(wheel / "lib"), str(kit / "lib64"))
+    assert tc.nvcc_cuda == "13.0"
+
+
+def test_nvcc_of_another_cuda_major_skips_the_compiled_cuda_variant(tmp_path, monkeypatch, repo_root, capsys):
+    """nvcc's release comes from its --version line. Another major than torch's CUDA cannot build the
+    compiled variant: the build says so and goes on with the others, rather than failing in the compiler.
+    An older minor of the same major builds (torch 2.15's CUDA 13.2 with nvcc 13.0)."""
+    from fused_geglu_tools import builder, toolchain
+    from fused_geglu_tools.buildconfig import load_build_config
+
+    nvcc = tmp_path / "nvcc"
+    nvcc.write_text('#!/bin/sh\necho "nvcc: NVIDIA (R) Cuda compiler driver"\n'
+                    'echo "Cuda compilation tools, release 12.4, V12.4.131"\n')
+    nvcc.chmod(0o755)
+    assert toolchain.nvcc_release(str(nvcc)) == "12.4"
+    assert toolchain.nvcc_release(str(tmp_path / "missing")) is None
+    assert toolchain.cuda_mismatch("13.2", "13.0") is None
+    assert toolchain.cuda_mismatch("13.0", None) is None
+    assert "nvcc is CUDA 12.4 but torch was built with CUDA 13.2" in toolchain.cuda_mismatch("13.2", "12.4")
+
+    cfg = load_build_config(repo_root)
+    monkeypatch.setattr(builder.Variant, "for_this_torch",
+                        classmethod(lambda cls, backend: Variant.parse("torch215-cxx11-cu132-x86_64-linux")))
+
+    def planned(nvcc_cuda):
+        tc = toolchain.Toolchain(cxx="g++", nvcc=str(nvcc), torch_version=(2, 15), cxx11_abi=True, torch_cuda="13.2",
+                                 nvcc_cuda=nvcc_cuda, include_dirs=(), cuda_include_dirs=(), library_dirs=(),
+                                 cuda_library_dirs=())
+        return [p.variant.name for p in builder.plan_variants(cfg, tc, ["cuda"])]
+
+    assert planned("13.0") == ["torch-cuda", "torch215-cxx11-cu132-x86_64-linux"]
+    capsys.readouterr()
+    assert planned("12.4") == ["torch-cuda"]
+    assert "skipping the compiled CUDA variant: nvcc is CUDA 12.4 but torch was built with CUDA 13.2" in \
+        capsys.readouterr().out
+
+
 def test_object_cache_key_covers_compiler_and_cutlass_headers(tmp_path, monkeypatch):
     """build/.objcache is reused across machines (carried between device calls), so an object is
     reused only when the compiler and the CUTLASS headers it saw are the same too, besides the

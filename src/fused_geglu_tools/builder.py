@@ -66,10 +66,12 @@ def plan_variants(cfg: BuildConfig, tc: toolchain.Toolchain | None, backends: li
         if backend == "cuda":
             # Triton-only noarch variant: for torch versions with no compiled build.
             plans.append(Plan(Variant(backend="cuda"), ()))
-            if tc is not None and tc.torch_cuda and tc.nvcc and sections:
+            mismatch = tc and toolchain.cuda_mismatch(tc.torch_cuda, tc.nvcc_cuda)
+            if tc is not None and tc.torch_cuda and tc.nvcc and sections and not mismatch:
                 plans.append(Plan(Variant.for_this_torch("cuda"), sections))
             elif sections:
-                why = "the installed torch has no CUDA" if not (tc and tc.torch_cuda) else "no nvcc"
+                why = ("the installed torch has no CUDA" if not (tc and tc.torch_cuda) else
+                       "no nvcc" if not tc.nvcc else mismatch)
                 _log(f"skipping the compiled CUDA variant: {why}")
     return plans
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import re
 import shutil
 import subprocess
 import sysconfig
@@ -27,6 +28,7 @@ class Toolchain:
     torch_version: tuple[int, int]
     cxx11_abi: bool
     torch_cuda: str | None  # torch.version.cuda
+    nvcc_cuda: str | None  # the CUDA release nvcc reports ("13.0"), None without nvcc or when unreadable
     include_dirs: tuple[str, ...]
     cuda_include_dirs: tuple[str, ...]
     library_dirs: tuple[str, ...]
@@ -77,6 +79,32 @@ def _nvcc_top(nvcc: str) -> Path | None:
     return None
 
 
+def nvcc_release(nvcc: str | None) -> str | None:
+    """The CUDA release of ``nvcc`` ("13.0" from its ``--version`` line "... release 13.0, V13.0.88"), or None."""
+    if not nvcc:
+        return None
+    try:
+        out = subprocess.run([nvcc, "--version"], capture_output=True, text=True, timeout=60).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
+    m = re.search(r"release (\d+\.\d+)", out)
+    return m.group(1) if m else None
+
+
+def cuda_mismatch(torch_cuda: str | None, nvcc_cuda: str | None) -> str | None:
+    """Why ``nvcc`` of release ``nvcc_cuda`` cannot build for a torch built with CUDA ``torch_cuda``, or None.
+
+    Another major release cannot (the runtime's and the libraries' sonames change with it). An older minor
+    of the same major can: the code it emits runs on the newer runtime torch loads, and its own headers
+    come first on the include path (detect). An unreadable release is not refused here: the compile says."""
+    if not torch_cuda or not nvcc_cuda:
+        return None
+    if torch_cuda.split(".")[0] != nvcc_cuda.split(".")[0]:
+        return (f"nvcc is CUDA {nvcc_cuda} but torch was built with CUDA {torch_cuda}; put a CUDA "
+                f"{torch_cuda.split('.')[0]}.x nvcc first on PATH (or set NVCC) to build the compiled CUDA variant")
+    return None
+
+
 def detect() -> Toolchain:
     import torch
     from torch.utils import cpp_extension
@@ -97,10 +125,14 @@ def detect() -> Toolchain:
         for sub in ("lib64", "targets/x86_64-linux/lib", "lib"):
             if (cuda_home / sub).is_dir():
                 cuda_libs.append(str(cuda_home / sub))
-    # The nvidia-* wheels first: their cuBLASLt is the copy torch itself loads, and one process
-    # must not end up with two cuBLAS builds (the toolkit's and the wheel's).
+    # Libraries: the nvidia-* wheels first. Their cuBLASLt is the copy torch itself loads, and one
+    # process must not end up with two cuBLAS builds (the toolkit's and the wheel's).
+    # Headers: the toolkit's first. Its CUDA runtime and CCCL headers are versioned with nvcc, and
+    # CCCL refuses another release's ("CUDA compiler and CUDA toolkit headers are incompatible"):
+    # torch 2.15's PyPI build brings CUDA 13.2 headers in its wheels, and nvcc 13.0 failed on every
+    # .cu until these came second. The wheels still supply what a toolkit image may lack (cublasLt.h).
     wheel_inc, wheel_lib = _nvidia_wheel_dirs()
-    cuda_includes = wheel_inc + cuda_includes
+    cuda_includes = cuda_includes + wheel_inc
     cuda_libs = wheel_lib + cuda_libs
     return Toolchain(
         cxx=cxx,
@@ -108,6 +140,7 @@ def detect() -> Toolchain:
         torch_version=version,
         cxx11_abi=bool(torch.compiled_with_cxx11_abi()),
         torch_cuda=torch.version.cuda,
+        nvcc_cuda=nvcc_release(nvcc),
         include_dirs=tuple(includes),
         cuda_include_dirs=tuple(cuda_includes),
         library_dirs=tuple(cpp_extension.library_paths()),
