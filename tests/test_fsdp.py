@@ -285,6 +285,35 @@ def test_fsdp_class_unwrapping_and_lookups_are_narrow():
     assert not fsdp.managed(nn.Linear(2, 2))
 
 
+def test_gathered_dtype_reads_the_mixed_precision_policy_where_each_torch_keeps_it(monkeypatch):
+    """The dtype a shard is gathered in comes from the MixedPrecisionPolicy: on the param group up to torch
+    2.14, on each FSDPParam (resolved per parameter) from 2.15, whose groups have none. Reading only the
+    group's refused a float64 model computed in float32 on torch 2.15 (the "f64-as-f32-after" case above
+    failed there). Fakes of both layouts, so that CI's torch checks the one it does not run."""
+    from types import SimpleNamespace
+
+    from torch import nn
+
+    from fused_geglu_tools.hf import fsdp
+
+    lin = nn.Linear(2, 2).double()
+    f32 = SimpleNamespace(param_dtype=torch.float32)
+    layouts = {
+        "group policy (torch <= 2.14)": (SimpleNamespace(param_dtype=None, is_dtensor=False), SimpleNamespace(mp_policy=f32)),
+        "param policy (torch 2.15)": (SimpleNamespace(param_dtype=None, is_dtensor=False, mp_policy=f32), SimpleNamespace()),
+        "lazy-init param_dtype": (SimpleNamespace(param_dtype=torch.float32, is_dtensor=False), SimpleNamespace()),
+        "no cast": (SimpleNamespace(param_dtype=None, is_dtensor=False, mp_policy=SimpleNamespace(param_dtype=None)),
+                    SimpleNamespace()),
+    }
+    monkeypatch.setattr(fsdp, "_is_dtensor", lambda t: True)
+    for what, (fp, group) in layouts.items():
+        fp.sharded_param = lin.weight
+        monkeypatch.setattr(fsdp, "_fsdp_params", lambda fp=fp, group=group: iter([(fp, group)]))
+        want = torch.float64 if what == "no cast" else torch.float32
+        assert fsdp.gathered(lin, "weight") == fsdp.Gathered(dtype=want, dtensor=False), what
+        assert fsdp.gathered(lin, "bias") is None, what  # not that FSDPParam's parameter
+
+
 def _fsdp_tp_worker(rank: int, world: int, port: int, model_dir: str, result_dir: str) -> None:
     """transformers' native FSDP2 + tensor parallelism (fsdp 2 x tp 2), then kernelize."""
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world),

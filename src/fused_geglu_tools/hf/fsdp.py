@@ -78,11 +78,13 @@ def gathered(module: nn.Module, name: str) -> Gathered | None:
         return None
     for fp, group in _fsdp_params():
         if _owns(fp, module, name, param):
-            # The group's MixedPrecisionPolicy, not FSDPParam.param_dtype: fully_shard sets that one in its
-            # lazy init at the first forward, so a kernelize between fully_shard and the first step saw
-            # the stored dtype instead (found 2026-12-05). FSDP2 casts floating parameters only.
-            policy_dtype = (getattr(getattr(group, "mp_policy", None), "param_dtype", None)
-                            or getattr(fp, "param_dtype", None))
+            # The MixedPrecisionPolicy, not FSDPParam.param_dtype: fully_shard sets that one in its lazy
+            # init at the first forward, so a kernelize between fully_shard and the first step saw the
+            # stored dtype instead (found 2026-12-05). torch 2.15 keeps the policy on each FSDPParam,
+            # resolved for that parameter (its param_dtype_override_fn applied), and none on the group;
+            # earlier releases keep it on the group. FSDP2 casts floating parameters only.
+            policy = getattr(fp, "mp_policy", None) or getattr(group, "mp_policy", None)
+            policy_dtype = getattr(policy, "param_dtype", None) or getattr(fp, "param_dtype", None)
             dtype = policy_dtype if policy_dtype is not None and param.dtype.is_floating_point else param.dtype
             if not getattr(fp, "is_dtensor", True):
                 return Gathered(dtype=dtype, dtensor=False)
