@@ -16,7 +16,6 @@ import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from functools import lru_cache
 from pathlib import Path
 
 from . import __version__, abi, templates, toolchain
@@ -103,13 +102,7 @@ def _run(cmd: list[str], what: str) -> None:
     _log(f"{what} ({time.monotonic() - t0:.0f} s)")
 
 
-@lru_cache(maxsize=None)
-def _compiler_version(exe: str) -> str:
-    """``exe --version`` (a compiler's identity for the object cache's key)."""
-    try:
-        return subprocess.run([exe, "--version"], capture_output=True, text=True, timeout=60).stdout
-    except (OSError, subprocess.SubprocessError):
-        return ""
+_compiler_version = toolchain.compiler_version  # a compiler's identity for the object cache's key
 
 
 _QUOTED_INCLUDE = re.compile(r'^[ \t]*#[ \t]*include[ \t]*"([^"]+)"', re.M)

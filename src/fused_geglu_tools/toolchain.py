@@ -14,6 +14,7 @@ import shutil
 import subprocess
 import sysconfig
 from dataclasses import dataclass
+from functools import lru_cache
 from pathlib import Path
 
 
@@ -79,15 +80,18 @@ def _nvcc_top(nvcc: str) -> Path | None:
     return None
 
 
+@lru_cache(maxsize=None)
+def compiler_version(exe: str) -> str:
+    """What ``exe --version`` prints ("" when it cannot run)."""
+    try:
+        return subprocess.run([exe, "--version"], capture_output=True, text=True, timeout=60).stdout
+    except (OSError, subprocess.SubprocessError):
+        return ""
+
+
 def nvcc_release(nvcc: str | None) -> str | None:
     """The CUDA release of ``nvcc`` ("13.0" from its ``--version`` line "... release 13.0, V13.0.88"), or None."""
-    if not nvcc:
-        return None
-    try:
-        out = subprocess.run([nvcc, "--version"], capture_output=True, text=True, timeout=60).stdout
-    except (OSError, subprocess.SubprocessError):
-        return None
-    m = re.search(r"release (\d+\.\d+)", out)
+    m = re.search(r"release (\d+\.\d+)", compiler_version(nvcc)) if nvcc else None
     return m.group(1) if m else None
 
 
