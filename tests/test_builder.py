@@ -315,7 +315,7 @@ def test_cuda_headers_come_from_nvccs_toolkit_and_libraries_from_torchs_wheels(t
 def test_nvcc_of_another_cuda_major_skips_the_compiled_cuda_variant(tmp_path, monkeypatch, repo_root, capsys):
     """nvcc's release comes from its --version line. Another major than torch's CUDA cannot build the
     compiled variant: the build says so and goes on with the others, rather than failing in the compiler.
-    An older minor of the same major builds (torch 2.15's CUDA 13.2 with nvcc 13.0)."""
+    An older minor of the same major builds (torch 2.15's CUDA 13.2 with nvcc 13.0), named after nvcc's."""
     from fused_geglu_tools import builder, toolchain
     from fused_geglu_tools.buildconfig import load_build_config
 
@@ -339,7 +339,10 @@ def test_nvcc_of_another_cuda_major_skips_the_compiled_cuda_variant(tmp_path, mo
                                  cuda_library_dirs=())
         return [p.variant.name for p in builder.plan_variants(cfg, tc, ["cuda"])]
 
-    assert planned("13.0") == ["torch-cuda", "torch215-cxx11-cu132-x86_64-linux"]
+    # Named after the release it was compiled with, where that is older than torch's: a cu130 build is
+    # what kernels loads for torch 2.15 of CUDA 13.0 and of 13.2 alike.
+    assert planned("13.0") == ["torch-cuda", "torch215-cxx11-cu130-x86_64-linux"]
+    assert planned("13.2") == planned("13.4") == planned(None) == ["torch-cuda", "torch215-cxx11-cu132-x86_64-linux"]
     capsys.readouterr()
     assert planned("12.4") == ["torch-cuda"]
     assert "skipping the compiled CUDA variant: nvcc is CUDA 12.4 but torch was built with CUDA 13.2" in \

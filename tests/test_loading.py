@@ -173,7 +173,8 @@ NOARCH_BUILDS = ("torch-cpu", "torch-cuda")
 def test_every_torch_version_finds_a_build(build_dir, minor):
     """kernels' own resolver, asked about torch versions this machine does not have: a CPU torch of any
     version loads a build (the compiled one of its version where one is published, else the ATen-only
-    torch-cpu), a CUDA torch the compiled CUDA build of its versions, else the Triton torch-cuda. Before
+    torch-cpu), a CUDA torch the compiled CUDA build of its versions (of its CUDA release or an earlier minor
+    of that major), else the Triton torch-cuda. Before
     torch-cpu existed (2026-12-05) a CPU torch of any version but 2.13 found none: "no compatible variant"."""
     from fused_geglu_tools.kernels_internals import resolve_for
     from fused_geglu_tools.variants import Variant
@@ -183,9 +184,13 @@ def test_every_torch_version_finds_a_build(build_dir, minor):
     version = f"2.{minor}"
     cpu = resolve_for(names, "cpu", version)
     assert cpu[0] == compiled.get(("cpu", (2, minor), None), "torch-cpu") and cpu[-1] == "torch-cpu", cpu
-    for cuda in ((12, 8), (13, 0)):
+    # A CUDA build serves its CUDA release and every later minor of that major (torch 2.15 from PyPI is
+    # CUDA 13.2; the builder names a build after nvcc's older release, builder._cuda_variant).
+    for cuda in ((12, 8), (13, 0), (13, 2)):
         got = resolve_for(names, "cuda", version, f"{cuda[0]}.{cuda[1]}")
-        assert got[0] == compiled.get(("cuda", (2, minor), cuda), "torch-cuda") and got[-1] == "torch-cuda", got
+        usable = sorted(c for (b, t, c) in compiled if b == "cuda" and t == (2, minor) and c[0] == cuda[0] and c <= cuda)
+        want = compiled[("cuda", (2, minor), usable[-1])] if usable else "torch-cuda"
+        assert got[0] == want and got[-1] == "torch-cuda", (cuda, got)
     # Every compiled build is x86_64: an aarch64 machine (a Grace CPU, a GH200) takes the noarch builds.
     assert resolve_for(names, "cpu", version, cpu="aarch64") == ["torch-cpu"]
     assert resolve_for(names, "cuda", version, "13.0", cpu="aarch64") == ["torch-cuda"]

@@ -15,7 +15,7 @@ import sys
 import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from . import __version__, abi, templates, toolchain
@@ -67,12 +67,24 @@ def plan_variants(cfg: BuildConfig, tc: toolchain.Toolchain | None, backends: li
             plans.append(Plan(Variant(backend="cuda"), ()))
             mismatch = tc and toolchain.cuda_mismatch(tc.torch_cuda, tc.nvcc_cuda)
             if tc is not None and tc.torch_cuda and tc.nvcc and sections and not mismatch:
-                plans.append(Plan(Variant.for_this_torch("cuda"), sections))
+                plans.append(Plan(_cuda_variant(tc), sections))
             elif sections:
                 why = ("the installed torch has no CUDA" if not (tc and tc.torch_cuda) else
                        "no nvcc" if not tc.nvcc else mismatch)
                 _log(f"skipping the compiled CUDA variant: {why}")
     return plans
+
+
+def _cuda_variant(tc: toolchain.Toolchain) -> Variant:
+    """The compiled CUDA variant, named after the older of torch's CUDA and nvcc's (same major).
+
+    What the library needs at run time is the release it was compiled with: nvcc 13.0 against torch
+    2.15's CUDA 13.2 headers compiles with its own 13.0 headers (toolchain.detect), and kernels loads a
+    cu130 build for any torch of CUDA 13.0 or a later 13.x. Named cu132 it would not load for torch
+    2.15+cu130, which it runs on just as well."""
+    v = Variant.for_this_torch("cuda")
+    nvcc = tuple(int(p) for p in tc.nvcc_cuda.split(".")[:2]) if tc.nvcc_cuda else None
+    return replace(v, cuda=nvcc) if nvcc and v.cuda and nvcc[0] == v.cuda[0] and nvcc < v.cuda else v
 
 
 def _copy_package(cfg: BuildConfig, dest: Path) -> None:
