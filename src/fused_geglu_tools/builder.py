@@ -339,8 +339,30 @@ def build_variant(cfg: BuildConfig, plan: Plan, ident: SourceIdentity, tc, out_r
     return final
 
 
+def planned_variants(root: Path, backends: list[str] | None = None) -> list[str]:
+    """The names of the variants ``build`` would make here, in its order, without compiling anything."""
+    cfg = load_build_config(root)
+    try:
+        tc = toolchain.detect()
+    except toolchain.ToolchainError:
+        tc = None
+    return [plan.variant.name for plan in plan_variants(cfg, tc, backends)]
+
+
+def remove_stale_variants(out_root: Path, keep: set[str]) -> None:
+    """Remove the finished variants in ``out_root`` that are not in ``keep`` (scratch folders stay)."""
+    for stale in sorted(out_root.iterdir()):
+        if stale.is_dir() and stale.name not in keep and not stale.name.startswith(".partial-"):
+            if (stale / "metadata.json").exists():
+                _log(f"removing stale variant {stale.name}")
+                shutil.rmtree(stale)
+
+
 def build(root: Path, out_root: Path | None = None, backends: list[str] | None = None,
           clean: bool = True) -> list[Path]:
+    """Build into ``out_root``; with ``clean`` and every backend, remove the variants this build did not make
+    (other commits', other torch versions'). ``fused-geglu build-matrix`` builds with ``clean=False`` under each
+    torch and removes what none of them made at the end."""
     cfg = load_build_config(root)
     out_root = Path(out_root) if out_root else cfg.root / "build"
     sources = [cfg.root / "build.toml", *cfg.package_dir.rglob("*.py")]
@@ -357,11 +379,6 @@ def build(root: Path, out_root: Path | None = None, backends: list[str] | None =
     if not plans:
         raise BuildError(f"nothing to build for backends {backends or list(cfg.backends)}")
     built = [build_variant(cfg, plan, ident, tc, out_root) for plan in plans]
-    if clean:  # variants from other commits / torch versions would shadow nothing but confuse
-        keep = {p.name for p in built}
-        for stale in out_root.iterdir():
-            if stale.is_dir() and stale.name not in keep and not stale.name.startswith(".partial-"):
-                if (stale / "metadata.json").exists() and backends is None:
-                    _log(f"removing stale variant {stale.name}")
-                    shutil.rmtree(stale)
+    if clean and backends is None:  # variants from other commits / torch versions would shadow nothing but confuse
+        remove_stale_variants(out_root, {p.name for p in built})
     return built

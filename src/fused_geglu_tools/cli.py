@@ -21,17 +21,26 @@ def repo_root() -> Path:
 
 
 def _cmd_build(argv: list[str]) -> int:
-    from .builder import BuildError, build
+    from .builder import BuildError, build, planned_variants
     from .buildconfig import BuildConfigError
     from .toolchain import ToolchainError
 
     p = argparse.ArgumentParser(prog="fused-geglu build", description="Build every variant this machine can build into build/.")
     p.add_argument("--backends", help="comma-separated subset of build.toml's backends (default: all)")
     p.add_argument("--out", type=Path, help="output folder (default: <repo>/build)")
+    p.add_argument("--no-clean", action="store_true",
+                   help="keep the variants already in the output folder that this build does not make "
+                        "(other torch versions'); by default a build of every backend removes them")
+    p.add_argument("--plan", action="store_true",
+                   help="print the names of the variants this machine would build, one a line, and build nothing")
     args = p.parse_args(argv)
     backends = args.backends.split(",") if args.backends else None
     try:
-        built = build(repo_root(), args.out, backends)
+        if args.plan:
+            for name in planned_variants(repo_root(), backends):
+                print(name)
+            return 0
+        built = build(repo_root(), args.out, backends, clean=not args.no_clean)
     except (BuildError, BuildConfigError, ToolchainError) as exc:
         print(f"fused-geglu build: error: {exc}", file=sys.stderr)
         return 1
@@ -74,6 +83,7 @@ _DELEGATED = {
     "bench": ("bench", "main"),
     "demo": ("demo", "main"),
     "card": ("card", "main"),
+    "build-matrix": ("matrix", "main"),
 }
 _LOCAL = {"build": _cmd_build, "stage": _cmd_stage}
 

@@ -1,0 +1,230 @@
+"""``fused-geglu build-matrix``: one ``build/`` with the compiled variants of several torch releases.
+
+``fused-geglu build`` compiles for the torch it runs under, so a release that serves torch 2.11 to 2.15
+needs one build per torch. This runs them: each torch release gets a virtual environment of its own under
+``.venvs/`` (made once, with that torch and ``requirements/build.txt``) or an interpreter the caller names,
+the builder runs there into the shared output folder without removing the others' variants, and at the end
+the variants none of them made are removed, as a single build removes them.
+
+Before anything compiles, every member says which variants it would build (``fused-geglu build --plan``):
+two torch releases that make the same compiled variant (2.15.0 and 2.15.1 both make ``torch215-...``) would
+silently overwrite each other, so that is an error naming both.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import os
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from .variants import Variant
+
+_STAMP = ".fused-geglu-build-env"  # in each environment: the hash of what was installed into it
+
+
+class MatrixError(RuntimeError):
+    pass
+
+
+def _log(msg: str) -> None:
+    print(f"[fused-geglu build-matrix] {msg}", flush=True)
+
+
+@dataclass(frozen=True)
+class Member:
+    """One torch release of the matrix and the interpreter that builds it."""
+
+    torch: str  # the torch version pip installs ("2.15.0"), or the caller's label for a given interpreter
+    python: Path
+    managed: bool  # True: an environment this tool makes and installs into; False: the caller's interpreter
+
+
+def parse_members(specs: list[str], venvs: Path) -> list[Member]:
+    """``2.15.0`` is a managed environment at ``venvs/torch-2.15.0``; ``2.15.0=/path/to/python`` is the
+    caller's interpreter, used as it is (its torch should be that release; the build says which it is)."""
+    members, seen = [], set()
+    for spec in specs:
+        version, _, python = spec.partition("=")
+        version = version.strip()
+        if version.startswith("torch=="):
+            version = version[len("torch=="):]
+        if not version or not version[0].isdigit() or any(c.isspace() for c in version):
+            raise MatrixError(f"--torch {spec!r}: expected a torch version such as 2.15.0, optionally "
+                              "followed by =/path/to/python")
+        if version in seen:
+            raise MatrixError(f"--torch {version} is given twice")
+        seen.add(version)
+        if python:
+            path = Path(python).expanduser()
+            if not path.is_file():
+                raise MatrixError(f"--torch {spec!r}: no interpreter at {path}")
+            members.append(Member(version, path, managed=False))
+        else:
+            members.append(Member(version, venvs / f"torch-{version}" / "bin" / "python", managed=True))
+    if not members:
+        raise MatrixError("--torch: name at least one torch version")
+    return members
+
+
+def install_requirements(root: Path, torch_version: str) -> tuple[list[str], str]:
+    """pip's arguments for a build environment of ``torch_version``, and the constraints file's text.
+
+    The constraints are the project's pinned tree less torch and triton, which each environment takes
+    from its own torch."""
+    build_txt = root / "requirements" / "build.txt"
+    constraints = root / "requirements" / "constraints.txt"
+    for path in (build_txt, constraints):
+        if not path.is_file():
+            raise MatrixError(f"{path} is missing")
+    lines = constraints.read_text().splitlines()
+    kept = "\n".join(l for l in lines if l.split("==")[0].strip().lower() not in ("torch", "triton")) + "\n"
+    return [f"torch=={torch_version}", "-r", str(build_txt)], kept
+
+
+def _run(cmd: list[str], what: str, env: dict | None = None, capture: bool = False) -> str:
+    proc = subprocess.run(cmd, env=env, text=True, capture_output=capture)
+    if proc.returncode != 0:
+        detail = (proc.stdout or "") + (proc.stderr or "") if capture else ""
+        raise MatrixError(f"{what} failed (exit {proc.returncode}): {' '.join(cmd)}\n{detail[-4000:]}")
+    return proc.stdout if capture else ""
+
+
+def ensure_environment(member: Member, root: Path, pip_args: list[str]) -> None:
+    """Make ``member``'s environment if it is managed and missing, or reinstall where what it should hold
+    changed (another requirements/build.txt, constraints or pip arguments)."""
+    if not member.managed:
+        return
+    venv = member.python.parent.parent
+    requirements, constraints = install_requirements(root, member.torch)
+    stamp = hashlib.sha256("\0".join([*requirements, (root / "requirements" / "build.txt").read_text(),
+                                      constraints, *pip_args]).encode()).hexdigest()
+    stamp_file = venv / _STAMP
+    if member.python.is_file() and stamp_file.is_file() and stamp_file.read_text().strip() == stamp:
+        return
+    if not member.python.is_file():
+        _log(f"torch {member.torch}: making the environment {venv}")
+        _run([sys.executable, "-m", "venv", str(venv)], f"python -m venv {venv}")
+    _log(f"torch {member.torch}: installing torch=={member.torch} and requirements/build.txt")
+    cfile = venv / "constraints.txt"
+    cfile.write_text(constraints)
+    _run([str(member.python), "-m", "pip", "install", "-q", "--disable-pip-version-check", *requirements,
+          "-c", str(cfile), *pip_args], f"installing torch {member.torch}")
+    stamp_file.write_text(stamp + "\n")
+
+
+def _builder_env(root: Path) -> dict:
+    """The environment a member's builder runs in: this checkout's tools on its Python, its root named."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(root / "src"), *filter(None, [env.get("PYTHONPATH")])])
+    env["FUSED_GEGLU_ROOT"] = str(root)
+    return env
+
+
+def _builder(member: Member, *args: str) -> list[str]:
+    return [str(member.python), "-m", "fused_geglu_tools", "build", *args]
+
+
+def torch_of(member: Member) -> str:
+    """The torch version (and CUDA, where it has one) ``member``'s interpreter imports."""
+    out = _run([str(member.python), "-c", "import torch; print(torch.__version__, torch.version.cuda or 'cpu')"],
+               f"torch {member.torch}: importing torch", capture=True)
+    return out.strip().splitlines()[-1] if out.strip() else "?"
+
+
+def plan(member: Member, root: Path, backends: list[str] | None) -> list[str]:
+    args = ["--plan", *(["--backends", ",".join(backends)] if backends else [])]
+    out = _run(_builder(member, *args), f"torch {member.torch}: fused-geglu build --plan",
+               env=_builder_env(root), capture=True)
+    names = []
+    for line in out.splitlines():
+        try:
+            Variant.parse(line.strip())
+        except ValueError:  # the builder's own log lines ("skipping the compiled CUDA variant: ...")
+            if line.strip():
+                _log(f"torch {member.torch}: {line.strip()}")
+            continue
+        names.append(line.strip())
+    return names
+
+
+def overlapping_variants(plans: dict[str, list[str]]) -> list[str]:
+    """Compiled variants that more than one member would build (noarch ones are the same for every torch)."""
+    owner: dict[str, str] = {}
+    clashes = []
+    for version, names in plans.items():
+        for name in names:
+            if Variant.parse(name).noarch:
+                continue
+            if name in owner:
+                clashes.append(f"{name} (torch {owner[name]} and torch {version})")
+            else:
+                owner[name] = version
+    return clashes
+
+
+def build_matrix(root: Path, members: list[Member], out: Path, backends: list[str] | None = None,
+                 pip_args: list[str] | None = None, clean: bool = True) -> dict[str, list[str]]:
+    """Build every member's variants into ``out``; returns each member's variant names."""
+    from .builder import remove_stale_variants
+
+    for member in members:
+        ensure_environment(member, root, list(pip_args or []))
+    plans = {}
+    for member in members:
+        _log(f"torch {member.torch}: {member.python} imports torch {torch_of(member)}")
+        plans[member.torch] = plan(member, root, backends)
+        _log(f"torch {member.torch}: would build {', '.join(plans[member.torch]) or 'nothing'}")
+    clashes = overlapping_variants(plans)
+    if clashes:
+        raise MatrixError("two torch releases would build the same variant, the later overwriting the earlier: "
+                          + "; ".join(clashes) + ". Keep one release per torch minor version.")
+    out.mkdir(parents=True, exist_ok=True)
+    timings = {}
+    for member in members:
+        t0 = time.monotonic()
+        args = ["--out", str(out), "--no-clean", *(["--backends", ",".join(backends)] if backends else [])]
+        _log(f"torch {member.torch}: building")
+        _run(_builder(member, *args), f"torch {member.torch}: fused-geglu build", env=_builder_env(root))
+        timings[member.torch] = time.monotonic() - t0
+        missing = [n for n in plans[member.torch] if not (out / n / "metadata.json").is_file()]
+        if missing:
+            raise MatrixError(f"torch {member.torch}: the build finished without {', '.join(missing)}")
+    if clean and backends is None:
+        remove_stale_variants(out, {n for names in plans.values() for n in names})
+    for member in members:
+        _log(f"torch {member.torch}: {timings[member.torch]:.0f} s, {', '.join(plans[member.torch])}")
+    return plans
+
+
+def main(argv: list[str]) -> int:
+    from .cli import repo_root
+
+    root = repo_root()
+    p = argparse.ArgumentParser(
+        prog="fused-geglu build-matrix",
+        description="Build the variants of several torch releases into one build/, each in its own environment.")
+    p.add_argument("--torch", nargs="+", required=True, metavar="VERSION[=PYTHON]",
+                   help="torch releases, e.g. 2.12.1 2.15.0; VERSION=/path/to/python builds with that interpreter "
+                        "instead of an environment under --venvs")
+    p.add_argument("--venvs", type=Path, default=root / ".venvs",
+                   help="where the per-torch environments are made (default: <repo>/.venvs)")
+    p.add_argument("--out", type=Path, default=root / "build", help="output folder (default: <repo>/build)")
+    p.add_argument("--backends", help="comma-separated subset of build.toml's backends (default: all)")
+    p.add_argument("--pip-args", default="",
+                   help="extra arguments for each environment's pip install, e.g. '--index-url URL' "
+                        "for torch builds of another CUDA")
+    p.add_argument("--no-clean", action="store_true", help="keep variants in --out that no member builds")
+    args = p.parse_args(argv)
+    try:
+        members = parse_members(args.torch, args.venvs.resolve())
+        build_matrix(root, members, args.out.resolve(), args.backends.split(",") if args.backends else None,
+                     args.pip_args.split(), clean=not args.no_clean)
+    except MatrixError as exc:
+        print(f"fused-geglu build-matrix: error: {exc}", file=sys.stderr)
+        return 1
+    return 0
