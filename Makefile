@@ -18,7 +18,7 @@ ENV := PYTHONPATH=$(CURDIR)/src$(if $(PYTHONPATH),:$(PYTHONPATH))
 FG := $(ENV) $(PY) -m fused_geglu_tools
 PYTEST_ARGS ?=
 
-.PHONY: venv build stage test demo bench clean
+.PHONY: venv build build-matrix stage test demo bench clean
 
 venv: $(SETUP)
 
@@ -33,6 +33,15 @@ $(VENV)/.installed: requirements/dev.txt requirements/constraints.txt
 
 build: $(SETUP)
 	$(FG) build $(BUILD_ARGS)
+
+# The compiled variants of several torch releases in one build/, each built in its own environment under
+# .venvs/ (torch==<version> + requirements/build.txt): make build-matrix TORCH="2.12.1 2.15.0". A later
+# `make build` or `make stage` keeps them (same sources); MATRIX_ARGS passes options through.
+TORCH ?=
+MATRIX_ARGS ?=
+build-matrix: $(SETUP)
+	$(if $(strip $(TORCH)),,$(error name the torch releases: make build-matrix TORCH="2.12.1 2.15.0"))
+	$(FG) build-matrix --torch $(TORCH) $(MATRIX_ARGS)
 
 stage: build
 	$(FG) stage

@@ -7,6 +7,7 @@ complete, so an interrupted or failed build leaves no half-built variant behind.
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import re
 import shutil
@@ -349,20 +350,32 @@ def planned_variants(root: Path, backends: list[str] | None = None) -> list[str]
     return [plan.variant.name for plan in plan_variants(cfg, tc, backends)]
 
 
-def remove_stale_variants(out_root: Path, keep: set[str]) -> None:
-    """Remove the finished variants in ``out_root`` that are not in ``keep`` (scratch folders stay)."""
+def _built_from(variant_dir: Path, uid: str) -> bool:
+    """Whether the finished variant in ``variant_dir`` was built from the sources whose uid is ``uid``
+    (its metadata.json's id ends in it: ops_id_for)."""
+    try:
+        ident = json.loads((variant_dir / "metadata.json").read_text()).get("id", "")
+    except (OSError, ValueError, AttributeError):
+        return False
+    return isinstance(ident, str) and ident.endswith(f"_{uid}")
+
+
+def remove_stale_variants(out_root: Path, keep: set[str], uid: str | None = None) -> None:
+    """Remove the finished variants in ``out_root`` that are not in ``keep`` and, given ``uid``, were not
+    built from the same sources (another torch's build of this commit stays). Scratch folders stay."""
     for stale in sorted(out_root.iterdir()):
         if stale.is_dir() and stale.name not in keep and not stale.name.startswith(".partial-"):
-            if (stale / "metadata.json").exists():
+            if (stale / "metadata.json").exists() and not (uid and _built_from(stale, uid)):
                 _log(f"removing stale variant {stale.name}")
                 shutil.rmtree(stale)
 
 
 def build(root: Path, out_root: Path | None = None, backends: list[str] | None = None,
           clean: bool = True) -> list[Path]:
-    """Build into ``out_root``; with ``clean`` and every backend, remove the variants this build did not make
-    (other commits', other torch versions'). ``fused-geglu build-matrix`` builds with ``clean=False`` under each
-    torch and removes what none of them made at the end."""
+    """Build into ``out_root``; with ``clean`` and every backend, remove the variants built from other sources
+    (an older commit's, a dirty tree's). Other torch versions' variants of the same sources stay: those of
+    ``fused-geglu build-matrix``, which builds with ``clean=False`` under each torch and removes what none of
+    them made at the end."""
     cfg = load_build_config(root)
     out_root = Path(out_root) if out_root else cfg.root / "build"
     sources = [cfg.root / "build.toml", *cfg.package_dir.rglob("*.py")]
@@ -379,6 +392,6 @@ def build(root: Path, out_root: Path | None = None, backends: list[str] | None =
     if not plans:
         raise BuildError(f"nothing to build for backends {backends or list(cfg.backends)}")
     built = [build_variant(cfg, plan, ident, tc, out_root) for plan in plans]
-    if clean and backends is None:  # variants from other commits / torch versions would shadow nothing but confuse
-        remove_stale_variants(out_root, {p.name for p in built})
+    if clean and backends is None:  # other sources' variants would shadow nothing but confuse
+        remove_stale_variants(out_root, {p.name for p in built}, ident.uid)
     return built

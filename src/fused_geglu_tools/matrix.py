@@ -49,10 +49,11 @@ def parse_members(specs: list[str], venvs: Path) -> list[Member]:
     caller's interpreter, used as it is (its torch should be that release; the build says which it is)."""
     members, seen = [], set()
     for spec in specs:
-        version, _, python = spec.partition("=")
+        spec_body = spec.strip()
+        if spec_body.startswith("torch=="):
+            spec_body = spec_body[len("torch=="):]
+        version, _, python = spec_body.partition("=")
         version = version.strip()
-        if version.startswith("torch=="):
-            version = version[len("torch=="):]
         if not version or not version[0].isdigit() or any(c.isspace() for c in version):
             raise MatrixError(f"--torch {spec!r}: expected a torch version such as 2.15.0, optionally "
                               "followed by =/path/to/python")
