@@ -147,7 +147,7 @@ def plan(member: Member, root: Path, backends: list[str] | None) -> list[str]:
             Variant.parse(line.strip())
         except ValueError:  # the builder's own log lines ("skipping the compiled CUDA variant: ...")
             if line.strip():
-                _log(f"torch {member.torch}: {line.strip()}")
+                _log(f"torch {member.torch}: {line.strip().removeprefix('[fused-geglu build] ')}")
             continue
         names.append(line.strip())
     return names
