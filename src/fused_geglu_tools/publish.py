@@ -143,7 +143,8 @@ def check_branch(new_apis: dict[str, list[str]], current: BranchState, branch: s
     bump = f"bump `version` in build.toml to {version + 1} to publish this as branch v{version + 1}"
     dropped = sorted(set(current.apis) - set(new_apis))
     if dropped:
-        reasons.append(f"{branch} has variant(s) this build lacks: {', '.join(dropped)}; dropping a variant needs a new version")
+        reasons.append(f"{branch} has variant(s) this build lacks: {', '.join(dropped)}; dropping a variant needs a new "
+                       "version (variants of other torch releases come from `fused-geglu build-matrix`)")
     for variant in sorted(set(current.apis) & set(new_apis)):
         old, new = set(current.apis[variant]), set(new_apis[variant])
         if old - new:
