@@ -226,3 +226,21 @@ def test_a_plain_build_keeps_other_torch_versions_variants_of_its_own_sources(tm
     assert sorted(p.name for p in built) == ["torch-cpu", "torch-cuda"]
     assert sorted(p.name for p in out.iterdir()) == [
         "torch-cpu", "torch-cuda", "torch215-cxx11-cu130-x86_64-linux", "torch299-cxx11-cpu-x86_64-linux"]
+
+
+def test_matrix_runs_the_real_builder_of_a_given_interpreter(tmp_path, repo_root, monkeypatch):
+    """The fakes above stand in for each torch's Python; here this process's own interpreter builds (the cuda
+    backend, which on any torch includes the noarch torch-cuda and compiles nothing on a CPU torch)."""
+    import torch
+
+    # The child must see the packages this process sees (kernels' build.toml parser among them).
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(sys.path[1:]))
+    (member,) = matrix.parse_members([f"{torch.__version__.split('+')[0]}={sys.executable}"], tmp_path / "venvs")
+    if torch.version.cuda:
+        pytest.skip("on a CUDA torch the cuda backend compiles the CUDA variant (minutes); CI's CPU torch runs this")
+    out = tmp_path / "build"
+    plans = matrix.build_matrix(repo_root, [member], out, backends=["cuda"])
+    assert plans == {member.torch: ["torch-cuda"]}
+    meta = json.loads((out / "torch-cuda" / "metadata.json").read_text())
+    assert meta["id"].startswith("_fused_geglu_cuda_noarch_")
+    assert not (tmp_path / "venvs").exists(), "an environment was made for the caller's interpreter"
