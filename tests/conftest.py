@@ -102,6 +102,23 @@ def compiled(kernel, device) -> str:
     return device
 
 
+@pytest.fixture
+def triton_module(kernel):
+    """The loaded kernel's Triton module by name (``"linear"`` is ``<kernel>.triton_kernels.linear``), or a
+    skip where triton is not installed: a CPU torch from its own index comes without it, and the kernel
+    then runs without its Triton paths (test_loading.py::test_torch_cpu_variant_loads_without_triton)."""
+    import importlib
+
+    def load(name: str):
+        try:
+            import triton  # noqa: F401
+        except ImportError:
+            pytest.skip("triton is not installed: the kernel's Triton modules cannot be imported")
+        return importlib.import_module(f"{kernel.__name__}.triton_kernels.{name}")
+
+    return load
+
+
 @pytest.fixture(scope="session")
 def backends(kernel, device) -> list[str]:
     """Every backend the loaded variant has for the test device (the tests run each)."""

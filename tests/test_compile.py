@@ -77,8 +77,15 @@ def test_memo_tables_filled_by_eager_calls_do_not_recompile(kernel, device):
     wd, b = randn(h, i, device=device), randn(3, device=device)
     compiled(randn(5, h, device=device), wg, wu, wd, b)
     sentinel, added = torch.device("cuda", 97), []
+    try:
+        import triton  # noqa: F401
+        skipped = ()
+    except ImportError:  # a torch without triton: the kernel runs without its Triton modules
+        skipped = tuple(m for modules in _MEMOS.values() for m in modules if m.startswith("triton_kernels."))
     for name, modules in _MEMOS.items():
         for mod in modules:
+            if mod in skipped:
+                continue
             table = getattr(importlib.import_module(f"{kernel.__name__}.{mod}"), name)
             if isinstance(table, set):
                 table.add(sentinel)
@@ -92,7 +99,7 @@ def test_memo_tables_filled_by_eager_calls_do_not_recompile(kernel, device):
     finally:
         for table in added:
             table.discard(sentinel) if isinstance(table, set) else table.pop(sentinel, None)
-    assert len(added) == 9
+    assert len(added) == 9 - len(skipped)
     assert counter.graphs == 1, f"recompiled: {counter.graphs} graphs after the memo tables changed"
 
 

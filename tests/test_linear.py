@@ -76,7 +76,7 @@ def test_linear_python_node_training(kernel, device, monkeypatch, backend, dtype
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("activation", [None, "gelu_tanh"])
 @pytest.mark.parametrize("bias_kind", ["vector", "addend"])
-def test_linear_skinny_split_k(kernel, device, backend, dtype, activation, bias_kind):
+def test_linear_skinny_split_k(kernel, device, backend, dtype, activation, bias_kind, triton_module):
     """Decode sizes: few output tiles, so the Triton GEMM splits K and sums the slices in a second
     kernel that runs the epilogue (with the bias vector or the [M, N] addend). The K here is split
     into slices with a ragged last one."""
@@ -84,7 +84,7 @@ def test_linear_skinny_split_k(kernel, device, backend, dtype, activation, bias_
     if backend is None and device == "cpu" and dtype == torch.bfloat16:
         pytest.skip("auto on CPU is the compiled CPU backend; covered by test_linear_forward_backward")
     m, k, n = (3, 70, 19) if device == "cpu" else (5, 2900, 300)  # interpreter: BLOCK_K 16; GPU: 128
-    tk_linear = importlib.import_module(kernel.__name__ + ".triton_kernels.linear")
+    tk_linear = triton_module("linear")
     cfg = tk_linear.get_config("linear_fwd", torch.device(device), dtype, m, n, k)
     tiles = -(-m // cfg.BLOCK_M) * -(-n // cfg.BLOCK_N)
     split, per = tk_linear._k_slices(cfg, tiles, k, torch.device(device))
@@ -130,13 +130,13 @@ def test_linear_triton_epilogue_row_padded_addend_and_empty_k(kernel, device, ac
 
 
 @pytest.mark.parametrize("bias_kind", ["vector", "addend"])
-def test_linear_triton_fused_split_k_reduce_epilogue(kernel, device, bias_kind):
+def test_linear_triton_fused_split_k_reduce_epilogue(kernel, device, bias_kind, triton_module):
     """With tile counters (the MLP's decode down projection passes them), each output tile's last
     split-K program sums the slices and runs the epilogue itself: the bias vector or the [M, N]
     addend (read through its row stride), the stored pre-activation and GELU, the same bits as the
     separate reduction kernel and right against float64; the counters are zero again afterwards."""
     _skip_unless(kernel, device, "triton", torch.float32)
-    tk_linear = importlib.import_module(kernel.__name__ + ".triton_kernels.linear")
+    tk_linear = triton_module("linear")
     m, k, n = (3, 70, 19) if device == "cpu" else (5, 2900, 300)
     cfg = tk_linear.get_config("linear_fwd_act", torch.device(device), torch.float32, m, n, k)
     tiles = -(-m // cfg.BLOCK_M) * -(-n // cfg.BLOCK_N)
@@ -237,12 +237,12 @@ def test_linear_bias_vector_views(kernel, device, backend, activation, view, dty
 
 
 
-def test_fp32_gemm_configs_leave_room_for_tritons_conversion_tile(kernel):
+def test_fp32_gemm_configs_leave_room_for_tritons_conversion_tile(kernel, triton_module):
     """Fitting a config to shared memory counts what Triton asked for on the H200 (triton 3.6,
     2026-12-05): linear_bwd_weight at 128x128x64 with three fp32 stages wanted 233472 bytes, the
     196608-byte operand pipeline plus a 128 x 72 x 4 layout-conversion tile, past the 232448 an SM has,
     and failed with OutOfResources. The fitted fp32 config must be smaller; bf16 keeps its four stages."""
-    configs = importlib.import_module(f"{kernel.__name__}.triton_kernels.configs")
+    configs = triton_module("configs")
     h200_smem = 232448
     tuned = configs.KernelConfig(128, 128, 64, 8, 8, 4)
     fp32 = configs.fit_config("linear_bwd_weight", tuned, 4, h200_smem)

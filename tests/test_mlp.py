@@ -294,14 +294,14 @@ def test_geglu_mlp_decode(kernel, device, backend, tokens):
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
 @pytest.mark.parametrize("shape", [(16, 1152, 6912), (5, 200, 2304), ((2, 9), 3584, 1440)], ids=str)
-def test_geglu_mlp_decode_pdl_matches_plain_launches(kernel, device, monkeypatch, dtype, shape):
+def test_geglu_mlp_decode_pdl_matches_plain_launches(kernel, device, monkeypatch, dtype, shape, triton_module):
     """The Triton decode chain launched with programmatic dependent launch (the default on sm90) gives
     the same bits as the same kernels launched one after another (FUSED_GEGLU_PDL=0), eagerly and
     replayed from a CUDA graph, and is as close to float64 as eager is. The shapes take the split-K
     down GEMM (Gemma3-1B's width) and the unsplit one (I = 1440), with sizes off every tile."""
     if torch.cuda.get_device_capability(device)[0] < 9:
         pytest.skip("programmatic dependent launch needs sm_90 or newer")
-    pdl = importlib.import_module(kernel.__name__ + ".triton_kernels.pdl")
+    pdl = triton_module("pdl")
     tokens, h, i = shape
     lead = tokens if isinstance(tokens, tuple) else (tokens,)
     x = randn(*lead, h, dtype=dtype, device=device)
@@ -330,7 +330,7 @@ def test_geglu_mlp_decode_pdl_matches_plain_launches(kernel, device, monkeypatch
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16], ids=str)
 @pytest.mark.parametrize("shape", [(3, 24, 72), ((2, 5), 40, 200), (16, 1152, 6912), (33, 200, 2304)], ids=str)
-def test_geglu_mlp_decode_reduces_split_k_in_the_down_gemm(kernel, device, monkeypatch, dtype, shape):
+def test_geglu_mlp_decode_reduces_split_k_in_the_down_gemm(kernel, device, monkeypatch, dtype, shape, triton_module):
     """At decode sizes the Triton MLP sums the down GEMM's K slices in the down GEMM itself (the last
     program of each tile, on counters its gate+up kernel zeroed). It must give the bits of the separate
     reduction kernel, also for `linear` run on its own, and leave the counters at zero for the next call.
@@ -339,8 +339,8 @@ def test_geglu_mlp_decode_reduces_split_k_in_the_down_gemm(kernel, device, monke
     tokens, h, i = shape
     if device == "cpu" and i > 300:
         pytest.skip("real widths run on the GPU (the interpreter takes minutes)")
-    tk_linear = importlib.import_module(kernel.__name__ + ".triton_kernels.linear")
-    tk_mlp = importlib.import_module(kernel.__name__ + ".triton_kernels.mlp")
+    tk_linear = triton_module("linear")
+    tk_mlp = triton_module("mlp")
     lead = tokens if isinstance(tokens, tuple) else (tokens,)
     x = randn(*lead, h, dtype=dtype, device=device)
     params = [p.detach() for p in _params(h, i, dtype, device, biases=True)]
@@ -370,10 +370,10 @@ def test_geglu_mlp_decode_reduces_split_k_in_the_down_gemm(kernel, device, monke
                              "none", None, tile_counters=counters[:0])
 
 
-def test_pdl_only_for_decode_on_sm90(kernel, monkeypatch):
+def test_pdl_only_for_decode_on_sm90(kernel, monkeypatch, triton_module):
     """Programmatic dependent launch is asked for only at decode sizes on a CUDA device of sm_90 or
     newer, and FUSED_GEGLU_PDL=0 turns it off (CPU: the capability lookup is stubbed)."""
-    pdl = importlib.import_module(kernel.__name__ + ".triton_kernels.pdl")
+    pdl = triton_module("pdl")
     cuda = torch.device("cuda", 0)
     assert not pdl.pdl_enabled(torch.device("cpu"), 16), "the interpreter has no griddepcontrol"
     monkeypatch.setattr(pdl, "_cuda_major", lambda index: 9)
