@@ -22,13 +22,14 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from .builder import BuildError, remove_stale_variants
 from .variants import Variant
 
 _STAMP = ".fused-geglu-build-env"  # in each environment: the hash of what was installed into it
 
 
-class MatrixError(RuntimeError):
-    pass
+class MatrixError(BuildError):
+    """A member that cannot be set up or built, or two members that would build the same variant."""
 
 
 def _log(msg: str) -> None:
@@ -171,8 +172,6 @@ def overlapping_variants(plans: dict[str, list[str]]) -> list[str]:
 def build_matrix(root: Path, members: list[Member], out: Path, backends: list[str] | None = None,
                  pip_args: list[str] | None = None, clean: bool = True) -> dict[str, list[str]]:
     """Build every member's variants into ``out``; returns each member's variant names."""
-    from .builder import remove_stale_variants
-
     for member in members:
         ensure_environment(member, root, list(pip_args or []))
     plans = {}
