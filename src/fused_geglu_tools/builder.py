@@ -340,14 +340,17 @@ def build_variant(cfg: BuildConfig, plan: Plan, ident: SourceIdentity, tc, out_r
     return final
 
 
+def _toolchain() -> toolchain.Toolchain | None:
+    try:
+        return toolchain.detect()
+    except toolchain.ToolchainError as exc:
+        _log(f"no compiler: {exc}; building noarch variants only")
+        return None
+
+
 def planned_variants(root: Path, backends: list[str] | None = None) -> list[str]:
     """The names of the variants ``build`` would make here, in its order, without compiling anything."""
-    cfg = load_build_config(root)
-    try:
-        tc = toolchain.detect()
-    except toolchain.ToolchainError:
-        tc = None
-    return [plan.variant.name for plan in plan_variants(cfg, tc, backends)]
+    return [plan.variant.name for plan in plan_variants(load_build_config(root), _toolchain(), backends)]
 
 
 def _built_from(variant_dir: Path, uid: str) -> bool:
@@ -383,11 +386,7 @@ def build(root: Path, out_root: Path | None = None, backends: list[str] | None =
         sources += [cfg.root / s for s in section.src]
     ident = source_identity(cfg.root, fallback_paths=[p for p in sources if p.is_file()])
     _log(f"source {ident.commit or 'outside git'}{' (dirty)' if ident.dirty else ''}, uid {ident.uid}")
-    try:
-        tc = toolchain.detect()
-    except toolchain.ToolchainError as exc:
-        _log(f"no compiler: {exc}; building noarch variants only")
-        tc = None
+    tc = _toolchain()
     plans = plan_variants(cfg, tc, backends)
     if not plans:
         raise BuildError(f"nothing to build for backends {backends or list(cfg.backends)}")

@@ -29,8 +29,8 @@ def _cmd_build(argv: list[str]) -> int:
     p.add_argument("--backends", help="comma-separated subset of build.toml's backends (default: all)")
     p.add_argument("--out", type=Path, help="output folder (default: <repo>/build)")
     p.add_argument("--no-clean", action="store_true",
-                   help="keep the variants already in the output folder that this build does not make "
-                        "(other torch versions'); by default a build of every backend removes them")
+                   help="keep every variant already in the output folder; by default a build of every backend "
+                        "removes those built from other sources (an older commit's), keeping other torch versions'")
     p.add_argument("--plan", action="store_true",
                    help="print the names of the variants this machine would build, one a line, and build nothing")
     args = p.parse_args(argv)
