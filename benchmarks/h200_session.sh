@@ -3,6 +3,7 @@
 # wheels (.whl/, from benchmarks/device_wheels.sh), build the torch211-cxx11-cu130 variant
 # with the project's builder, stage it, then run the phases asked for, writing logs under $OUT.
 #   bash benchmarks/h200_session.sh build test selftest        # correctness
+#   bash benchmarks/h200_session.sh build check                # build-matrix's load-and-check, CUDA tensors too
 #   bash benchmarks/h200_session.sh build bench                # the side-by-side harness
 #   bash benchmarks/h200_session.sh tune build diag test bench # + decode configs, cuBLASLt facts
 #   bash benchmarks/h200_session.sh build host decode          # host time per call; decode graph variants
@@ -126,6 +127,31 @@ for phase in "$@"; do
         > "$OUT/test-noarch.log" 2>&1
       tail -1 "$OUT/test-noarch.log"
       summary+=("noarch $(grep -c ' PASSED' "$OUT/test-noarch.log") passed, $(grep -c ' FAILED' "$OUT/test-noarch.log") failed; $(tail -1 "$OUT/test-noarch.log" | cut -c1-200) $(($(date +%s)-start))s")
+      ;;
+    check)
+      # What `fused-geglu build-matrix` runs per member (fused_geglu_tools/variant_check.py): the staged
+      # snapshot loaded through kernels for each backend, its ops against float64, on CUDA tensors too here.
+      read -r repo_id version < <(python3 -c 'from fused_geglu_tools.buildconfig import hub_repo_id, hub_version
+print(hub_repo_id(), hub_version())')
+      for b in cuda cpu; do
+        HF_HUB_OFFLINE=1 HF_HUB_CACHE="$PWD/.hub-cache" timeout 300 python3 -m fused_geglu_tools.variant_check \
+          --repo-id "$repo_id" --version "$version" --backend $b > "$OUT/variant-check-$b.out" 2> "$OUT/variant-check-$b.log"
+        tail -1 "$OUT/variant-check-$b.out" > "$OUT/variant-check-$b.json"
+      done
+      line=$(python3 - "$OUT"/variant-check-{cuda,cpu}.json <<'PY' 2>&1
+import json, sys
+for path in sys.argv[1:]:
+    try:
+        r = json.load(open(path))
+    except ValueError:
+        print(f"{path}: no result;", end=" ")
+        continue
+    checks = [f"{c['op']}/{c['device']}/{c['dtype']} {c['error']:.1e}<={c['allowed']:.1e} {c['backend']}"
+              + ("" if c["ok"] else " FAIL") for c in r.get("checks", [])]
+    print(r.get("variant") or r.get("error") or r.get("skipped"), *checks, end="; ")
+PY
+)
+      summary+=("check $line $(($(date +%s)-start))s")
       ;;
     selftest)
       # One process per check group: a crash in one op must not hide the others' results.

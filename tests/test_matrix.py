@@ -248,3 +248,104 @@ def test_matrix_runs_the_real_builder_of_a_given_interpreter(tmp_path, repo_root
     meta = json.loads((out / "torch-cuda" / "metadata.json").read_text())
     assert meta["id"].startswith("_fused_geglu_cuda_noarch_")
     assert not (tmp_path / "venvs").exists(), "an environment was made for the caller's interpreter"
+
+
+# --- the check after the build: each member loads its own variants through kernels -----------------------
+
+def test_expected_loads_prefer_the_compiled_variant_of_each_backend():
+    assert matrix.expected_loads(["torch-cuda", "torch215-cxx11-cu130-x86_64-linux", "torch-cpu",
+                                  "torch215-cxx11-cpu-x86_64-linux"]) == {
+        "cuda": "torch215-cxx11-cu130-x86_64-linux", "cpu": "torch215-cxx11-cpu-x86_64-linux"}
+    # No compiler there: the noarch variants are what that torch loads.
+    assert matrix.expected_loads(["torch-cuda", "torch-cpu"]) == {"cuda": "torch-cuda", "cpu": "torch-cpu"}
+
+
+def _record(variant, ok=True, available=None, **extra):
+    return {"torch": "2.15.0+cu132", "backend": "cuda", "gpu": False, "variant": variant,
+            "available": available or {"cpu": ["torch"], "cuda": ["cuda", "triton", "torch"]},
+            "checks": [{"op": "geglu_mlp", "device": "cpu", "dtype": "float32", "error": 3e-7 if ok else 1e-3,
+                        "allowed": 2e-5, "ok": ok, "backend": "torch+gemm"}], **extra}
+
+
+def test_check_verdict_names_what_is_wrong():
+    cu = "torch215-cxx11-cu130-x86_64-linux"
+    assert matrix._check_verdict(_record(cu), cu) == []
+    assert matrix._check_verdict(_record("torch-cuda"), cu) == [f"loaded torch-cuda, expected {cu}"]
+    (bad,) = matrix._check_verdict(_record(cu, ok=False), cu)
+    assert "geglu_mlp on cpu (float32, backend torch+gemm): error 1.00e-03 > allowed 2.00e-05" in bad
+    (unregistered,) = matrix._check_verdict(_record(cu, available={"cuda": ["triton", "torch"]}), cu)
+    assert "compiled cuda kernels are not registered" in unregistered
+    assert matrix._check_verdict({"error": "OSError: undefined symbol"}, cu) == [
+        "loading failed: OSError: undefined symbol"]
+    assert matrix._check_verdict({**_record(cu), "checks": []}, cu) == ["no op was checked"]
+    # A CPU torch cannot load the noarch torch-cuda; it cannot have built a compiled CUDA variant either.
+    assert matrix._check_verdict({"skipped": "a CPU build of torch loads no CUDA variant"}, "torch-cuda") == []
+    assert matrix._check_verdict({"skipped": "no"}, cu) == [f"not loaded (no), expected {cu}"]
+
+
+_FAKE_CHECKER = """\
+#!{python}
+# A stand-in interpreter whose variant_check loads {loads} for every backend.
+import json, sys
+assert sys.argv[1:3] == ["-m", "fused_geglu_tools.variant_check"], sys.argv
+print("a log line first")
+print(json.dumps({record}))
+"""
+
+
+def test_check_matrix_fails_a_member_that_loads_another_variant(tmp_path, repo_root):
+    out = tmp_path / "build"
+    for name in ("torch-cuda", "torch215-cxx11-cu130-x86_64-linux"):
+        _variant(out, name)
+    python = tmp_path / "python"
+    python.write_text(_FAKE_CHECKER.format(python=sys.executable, loads="torch-cuda", record=_record("torch-cuda")))
+    python.chmod(0o755)
+    member = Member("2.15.0", python, managed=False)
+    with pytest.raises(MatrixError, match=r"torch 2.15.0, cuda: loaded torch-cuda, expected torch215-cxx11-cu130"):
+        matrix.check_matrix(repo_root, [member], {"2.15.0": ["torch-cuda", "torch215-cxx11-cu130-x86_64-linux"]}, out)
+    python.write_text(_FAKE_CHECKER.format(python=sys.executable, loads="torch215",
+                                           record=_record("torch215-cxx11-cu130-x86_64-linux")))
+    results = matrix.check_matrix(repo_root, [member], {"2.15.0": ["torch-cuda", "torch215-cxx11-cu130-x86_64-linux"]}, out)
+    assert results["2.15.0"]["cuda"]["variant"] == "torch215-cxx11-cu130-x86_64-linux"
+
+
+def test_check_matrix_loads_the_real_build_through_kernels(repo_root, build_dir, monkeypatch):
+    """This interpreter as the only member, over the real build/: staged, loaded with kernels.get_kernel in a
+    child process for each backend this torch built, every op checked against float64 (CUDA tensors too
+    where there is a GPU)."""
+    import torch
+
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(sys.path[1:]))
+    member = Member(torch.__version__.split("+")[0], Path(sys.executable), managed=False)
+    this_torch = tuple(int(p) for p in member.torch.split(".")[:2])
+    # build/ may hold other torch releases' variants (a matrix): this member built the noarch ones and its own.
+    mine = [p.parent.name for p in build_dir.glob("*/metadata.json")
+            if Variant.parse(p.parent.name).torch in (None, this_torch)]
+    results = matrix.check_matrix(repo_root, [member], {member.torch: mine}, build_dir)
+    loaded = {b: r.get("variant") for b, r in results[member.torch].items()}
+    compiled = [n for n in mine if not Variant.parse(n).noarch]
+    assert set(compiled) <= set(loaded.values()), (compiled, loaded)
+    for record in results[member.torch].values():
+        for check in record.get("checks", []):
+            assert check["ok"] and check["error"] > 0, check  # exact zero would mean the reference was compared to itself
+
+
+def test_variant_check_catches_wrong_numbers():
+    """check_device against a stand-in kernel whose MLP is off by a little: that op fails, the others pass."""
+    import types
+
+    import torch
+
+    from fused_geglu_tools import variant_check
+
+    f = torch.nn.functional
+
+    def mlp(x, wg, wu, wd, bg, bu, bd, approximate):
+        return f.linear(f.gelu(f.linear(x, wg, bg), approximate=approximate) * f.linear(x, wu, bu), wd, bd) * (1 + 1e-3)
+
+    fake = types.SimpleNamespace(geglu_mlp=mlp, linear=f.linear,
+                                 geglu=lambda g, u, approximate: f.gelu(g, approximate=approximate) * u,
+                                 last_backend=lambda op: "stand-in")
+    records = {r["op"]: r for r in variant_check.check_device(fake, "cpu")}
+    assert not records["geglu_mlp"]["ok"] and records["geglu_mlp"]["error"] > 5e-4
+    assert records["linear"]["ok"] and records["geglu"]["ok"]

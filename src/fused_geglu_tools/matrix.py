@@ -6,6 +6,10 @@ needs one build per torch. This runs them: each torch release gets a virtual env
 the builder runs there into the shared output folder without removing the others' variants, and at the end
 the variants none of them made are removed, as a single build removes them.
 
+Then each member loads what it built the way users do (the folder staged as a local Hub snapshot, read by
+``kernels.get_kernel``) and checks its numbers (:mod:`.variant_check`): a variant that its torch does not
+select, whose compiled library does not load under that torch, or whose results are off fails the matrix.
+
 Before anything compiles, every member says which variants it would build (``fused-geglu build --plan``):
 two torch releases that make the same compiled variant (2.15.0 and 2.15.1 both make ``torch215-...``) would
 silently overwrite each other, so that is an error naming both.
@@ -16,8 +20,10 @@ from __future__ import annotations
 import argparse
 import hashlib
 import os
+import json
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -131,6 +137,10 @@ def _builder(member: Member, *args: str) -> list[str]:
     return [str(member.python), "-m", "fused_geglu_tools", "build", *args]
 
 
+def _backends_arg(backends: list[str] | None) -> list[str]:
+    return ["--backends", ",".join(backends)] if backends else []
+
+
 def torch_of(member: Member) -> str:
     """The torch version (and CUDA, where it has one) ``member``'s interpreter imports."""
     out = _run([str(member.python), "-c", "import torch; print(torch.__version__, torch.version.cuda or 'cpu')"],
@@ -139,7 +149,7 @@ def torch_of(member: Member) -> str:
 
 
 def plan(member: Member, root: Path, backends: list[str] | None) -> list[str]:
-    args = ["--plan", *(["--backends", ",".join(backends)] if backends else [])]
+    args = ["--plan", *_backends_arg(backends)]
     out = _run(_builder(member, *args), f"torch {member.torch}: fused-geglu build --plan",
                env=_builder_env(root), capture=True)
     names = []
@@ -187,7 +197,7 @@ def build_matrix(root: Path, members: list[Member], out: Path, backends: list[st
     timings = {}
     for member in members:
         t0 = time.monotonic()
-        args = ["--out", str(out), "--no-clean", *(["--backends", ",".join(backends)] if backends else [])]
+        args = ["--out", str(out), "--no-clean", *_backends_arg(backends)]
         _log(f"torch {member.torch}: building")
         _run(_builder(member, *args), f"torch {member.torch}: fused-geglu build", env=_builder_env(root))
         timings[member.torch] = time.monotonic() - t0
@@ -199,6 +209,84 @@ def build_matrix(root: Path, members: list[Member], out: Path, backends: list[st
     for member in members:
         _log(f"torch {member.torch}: {timings[member.torch]:.0f} s, {', '.join(plans[member.torch])}")
     return plans
+
+
+def expected_loads(names: list[str]) -> dict[str, str]:
+    """backend -> the variant kernels should load for it under this member's torch: the member's compiled
+    variant of that backend, or where it built none, the noarch one."""
+    expected: dict[str, str] = {}
+    for name in names:
+        variant = Variant.parse(name)
+        if not variant.noarch or variant.backend not in expected:
+            expected[variant.backend] = name
+    return expected
+
+
+def _check_verdict(result: dict, expected: str) -> list[str]:
+    """What is wrong with one load's record (:mod:`.variant_check`), as phrases; empty when nothing is."""
+    if "error" in result:
+        return [f"loading failed: {result['error']}"]
+    variant = Variant.parse(expected)
+    if "skipped" in result:  # a CPU torch and the noarch torch-cuda: nothing it could load
+        return [] if variant.noarch else [f"not loaded ({result['skipped']}), expected {expected}"]
+    problems = []
+    if result.get("variant") != expected:
+        problems.append(f"loaded {result.get('variant')}, expected {expected}")
+    if not variant.noarch and variant.backend not in result.get("available", {}).get(variant.backend, []):
+        problems.append(f"its compiled {variant.backend} kernels are not registered "
+                        f"(backends for {variant.backend} tensors: {result.get('available', {}).get(variant.backend)})")
+    if not result.get("checks"):
+        problems.append("no op was checked")
+    for rec in result.get("checks", []):
+        if not rec["ok"]:
+            problems.append(f"{rec['op']} on {rec['device']} ({rec['dtype']}, backend {rec['backend']}): error "
+                            f"{rec['error']:.2e} > allowed {rec['allowed']:.2e}")
+    return problems
+
+
+def _summary(result: dict) -> str:
+    if "skipped" in result:
+        return f"not loaded under torch {result.get('torch')}: {result['skipped']}"
+    checks = ", ".join(f"{r['op']} {r['device']} {r['error']:.1e} ({r['backend']})" for r in result.get("checks", []))
+    gpu = "" if result.get("gpu") or result.get("backend") != "cuda" else "; no GPU, so CUDA tensors were not run"
+    return f"loaded {result.get('variant')} under torch {result.get('torch')}: {checks}{gpu}"
+
+
+def check_matrix(root: Path, members: list[Member], plans: dict[str, list[str]], out: Path) -> dict:
+    """Stage ``out`` as a local Hub snapshot, then under each member's interpreter load each backend's
+    variant through ``kernels.get_kernel`` and check its numbers. Returns member -> backend -> record;
+    raises :class:`MatrixError` naming every load that failed."""
+    from .buildconfig import hub_repo_id, hub_version
+    from .stage import stage_build
+
+    repo_id, version = hub_repo_id(root), hub_version(root)
+    results: dict[str, dict[str, dict]] = {}
+    failures = []
+    with tempfile.TemporaryDirectory(prefix="fused-geglu-matrix-check-") as cache:
+        stage_build(out, Path(cache), repo_id, f"v{version}")
+        env = _builder_env(root)
+        env.update(HF_HUB_CACHE=cache, HF_HUB_OFFLINE="1")
+        env.pop("FUSED_GEGLU_BACKEND", None)  # check what users get by default
+        for member in members:
+            for backend, expected in expected_loads(plans[member.torch]).items():
+                cmd = [str(member.python), "-m", "fused_geglu_tools.variant_check", "--repo-id", repo_id,
+                       "--version", str(version), "--backend", backend]
+                proc = subprocess.run(cmd, env=env, text=True, capture_output=True)
+                lines = proc.stdout.strip().splitlines()
+                try:
+                    result = json.loads(lines[-1])
+                except (IndexError, json.JSONDecodeError):
+                    result = {"error": f"exit {proc.returncode}, no result: {(proc.stdout + proc.stderr)[-2000:]}"}
+                results.setdefault(member.torch, {})[backend] = result
+                problems = _check_verdict(result, expected)
+                if problems:
+                    failures.append(f"torch {member.torch}, {backend}: " + "; ".join(problems))
+                    _log(f"torch {member.torch}, {backend}: FAILED: " + "; ".join(problems))
+                else:
+                    _log(f"torch {member.torch}, {backend}: {_summary(result)}")
+    if failures:
+        raise MatrixError("the check of the built variants failed:\n  " + "\n  ".join(failures))
+    return results
 
 
 def main(argv: list[str]) -> int:
@@ -219,11 +307,16 @@ def main(argv: list[str]) -> int:
                    help="extra arguments for each environment's pip install, e.g. '--index-url URL' "
                         "for torch builds of another CUDA")
     p.add_argument("--no-clean", action="store_true", help="keep variants in --out that no member builds")
+    p.add_argument("--no-check", action="store_true",
+                   help="skip loading each member's variants through kernels and checking their numbers")
     args = p.parse_args(argv)
     try:
         members = parse_members(args.torch, args.venvs.resolve())
-        build_matrix(root, members, args.out.resolve(), args.backends.split(",") if args.backends else None,
-                     args.pip_args.split(), clean=not args.no_clean)
+        out = args.out.resolve()
+        plans = build_matrix(root, members, out, args.backends.split(",") if args.backends else None,
+                             args.pip_args.split(), clean=not args.no_clean)
+        if not args.no_check:
+            check_matrix(root, members, plans, out)
     except MatrixError as exc:
         print(f"fused-geglu build-matrix: error: {exc}", file=sys.stderr)
         return 1
