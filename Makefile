@@ -35,8 +35,9 @@ build: $(SETUP)
 	$(FG) build $(BUILD_ARGS)
 
 # The compiled variants of several torch releases in one build/, each built in its own environment under
-# .venvs/ (torch==<version> + requirements/build.txt): make build-matrix TORCH="2.12.1 2.15.0". A later
-# `make build` or `make stage` keeps them (same sources); MATRIX_ARGS passes options through.
+# .venvs/ (torch==<version> + requirements/build.txt): make build-matrix TORCH="2.12.1 2.15.0". Each torch
+# then loads its own variants through kernels and checks them against float64 (MATRIX_ARGS=--no-check skips
+# that). A later `make build` or `make stage` keeps them (same sources); MATRIX_ARGS passes options through.
 TORCH ?=
 MATRIX_ARGS ?=
 build-matrix: $(SETUP)
