@@ -28,6 +28,13 @@ with open({log!r}, "a") as f:
     f.write(json.dumps(args) + "\\n")
 if args[:1] == ["-c"]:
     print("{torch} 13.0")
+elif args[:2] == ["-m", "fused_geglu_tools.variant_check"]:  # loads its own variant, every op within tolerance
+    backend = args[args.index("--backend") + 1]
+    mine = [n for n in {names!r} if ("-cxx11-cu" if backend == "cuda" else "-cxx11-cpu") in n] or ["torch-" + backend]
+    print(json.dumps({{"torch": "{torch}", "backend": backend, "gpu": False, "variant": mine[0],
+                      "available": {{"cpu": ["cpu", "torch"], "cuda": ["cuda", "torch"]}},
+                      "checks": [{{"op": "geglu", "device": "cpu", "dtype": "float32", "error": 1e-7,
+                                  "allowed": 2e-5, "ok": True, "backend": backend}}]}}))
 elif "--plan" in args:
     print("[fused-geglu build] skipping nothing")  # a log line the matrix must not take for a variant
     for name in {names!r}:
@@ -349,3 +356,25 @@ def test_variant_check_catches_wrong_numbers():
     records = {r["op"]: r for r in variant_check.check_device(fake, "cpu")}
     assert not records["geglu_mlp"]["ok"] and records["geglu_mlp"]["error"] > 5e-4
     assert records["linear"]["ok"] and records["geglu"]["ok"]
+
+
+def test_cli_report_records_the_members_and_their_checks_also_on_failure(tmp_path, repo_root):
+    out, report = tmp_path / "build", tmp_path / "report.json"
+    ok = _fake_member(tmp_path, "2.15.0", ["torch-cuda", "torch215-cxx11-cu130-x86_64-linux", "torch-cpu"])
+    assert matrix.main(["--torch", f"2.15.0={ok.python}", "--out", str(out), "--report", str(report)]) == 0
+    doc = json.loads(report.read_text())
+    assert doc["ok"] is True and doc["error"] is None
+    assert doc["members"]["2.15.0"]["variants"] == ["torch-cuda", "torch215-cxx11-cu130-x86_64-linux", "torch-cpu"]
+    assert doc["members"]["2.15.0"]["imports"] == "2.15.0 13.0" and doc["members"]["2.15.0"]["build_s"] >= 0
+    assert {b: r["variant"] for b, r in doc["checks"]["2.15.0"].items()} == {
+        "cuda": "torch215-cxx11-cu130-x86_64-linux", "cpu": "torch-cpu"}
+
+    # A member whose build lacks what it planned: the report still comes, saying why.
+    bad = _fake_member(tmp_path, "2.14.1", ["torch-cuda"])
+    bad.python.write_text(bad.python.read_text().replace("for name in ['torch-cuda']:\n        (out",
+                                                         "for name in []:\n        (out"))
+    assert matrix.main(["--torch", f"2.14.1={bad.python}", "--out", str(tmp_path / "build-2"),
+                        "--report", str(report)]) == 1
+    doc = json.loads(report.read_text())
+    assert doc["ok"] is False and "the build finished without torch-cuda" in doc["error"]
+    assert "checks" not in doc

@@ -21,6 +21,7 @@ import argparse
 import hashlib
 import os
 import json
+import platform
 import subprocess
 import sys
 import tempfile
@@ -180,14 +181,19 @@ def overlapping_variants(plans: dict[str, list[str]]) -> list[str]:
 
 
 def build_matrix(root: Path, members: list[Member], out: Path, backends: list[str] | None = None,
-                 pip_args: list[str] | None = None, clean: bool = True) -> dict[str, list[str]]:
-    """Build every member's variants into ``out``; returns each member's variant names."""
+                 pip_args: list[str] | None = None, clean: bool = True,
+                 report: dict | None = None) -> dict[str, list[str]]:
+    """Build every member's variants into ``out``; returns each member's variant names. ``report``, where
+    given, gets each member's interpreter, the torch it imports, its variants and its build time."""
     for member in members:
         ensure_environment(member, root, list(pip_args or []))
     plans = {}
+    entries = report.setdefault("members", {}) if report is not None else {}
     for member in members:
-        _log(f"torch {member.torch}: {member.python} imports torch {torch_of(member)}")
-        plans[member.torch] = plan(member, root, backends)
+        imports = torch_of(member)
+        entries[member.torch] = {"python": str(member.python), "imports": imports}
+        _log(f"torch {member.torch}: {member.python} imports torch {imports}")
+        plans[member.torch] = entries[member.torch]["variants"] = plan(member, root, backends)
         _log(f"torch {member.torch}: would build {', '.join(plans[member.torch]) or 'nothing'}")
     clashes = overlapping_variants(plans)
     if clashes:
@@ -200,7 +206,7 @@ def build_matrix(root: Path, members: list[Member], out: Path, backends: list[st
         args = ["--out", str(out), "--no-clean", *_backends_arg(backends)]
         _log(f"torch {member.torch}: building")
         _run(_builder(member, *args), f"torch {member.torch}: fused-geglu build", env=_builder_env(root))
-        timings[member.torch] = time.monotonic() - t0
+        timings[member.torch] = entries[member.torch]["build_s"] = round(time.monotonic() - t0, 1)
         missing = [n for n in plans[member.torch] if not (out / n / "metadata.json").is_file()]
         if missing:
             raise MatrixError(f"torch {member.torch}: the build finished without {', '.join(missing)}")
@@ -252,15 +258,17 @@ def _summary(result: dict) -> str:
     return f"loaded {result.get('variant')} under torch {result.get('torch')}: {checks}{gpu}"
 
 
-def check_matrix(root: Path, members: list[Member], plans: dict[str, list[str]], out: Path) -> dict:
+def check_matrix(root: Path, members: list[Member], plans: dict[str, list[str]], out: Path,
+                 report: dict | None = None) -> dict:
     """Stage ``out`` as a local Hub snapshot, then under each member's interpreter load each backend's
-    variant through ``kernels.get_kernel`` and check its numbers. Returns member -> backend -> record;
-    raises :class:`MatrixError` naming every load that failed."""
+    variant through ``kernels.get_kernel`` and check its numbers. Returns member -> backend -> record
+    (also ``report["checks"]``, filled as the loads run); raises :class:`MatrixError` naming every load
+    that failed."""
     from .buildconfig import hub_repo_id, hub_version
     from .stage import stage_build
 
     repo_id, version = hub_repo_id(root), hub_version(root)
-    results: dict[str, dict[str, dict]] = {}
+    results: dict[str, dict[str, dict]] = report.setdefault("checks", {}) if report is not None else {}
     failures = []
     with tempfile.TemporaryDirectory(prefix="fused-geglu-matrix-check-") as cache:
         stage_build(out, Path(cache), repo_id, f"v{version}")
@@ -289,6 +297,28 @@ def check_matrix(root: Path, members: list[Member], plans: dict[str, list[str]],
     return results
 
 
+def _provenance(out: Path, names: list[str]) -> dict:
+    """The commit and dirty flag the builder recorded in the matrix's variants (one tree built them all)."""
+    for name in names:
+        try:
+            kernel = json.loads((out / name / "metadata.json").read_text())["provenance"]["kernel"]
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+        return {"commit": kernel.get("commit"), "dirty": kernel.get("dirty")}
+    return {"commit": None, "dirty": None}
+
+
+def write_report(path: Path, report: dict, out: Path) -> None:
+    names = sorted({n for m in report.get("members", {}).values() for n in m.get("variants", [])})
+    doc = {"tool": "fused-geglu build-matrix",
+           "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+           "machine": {"arch": platform.machine(), "cpus": os.cpu_count()},
+           **_provenance(out, names), **report}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(doc, indent=1) + "\n")
+    _log(f"report: {path}")
+
+
 def main(argv: list[str]) -> int:
     from .cli import repo_root
 
@@ -309,15 +339,24 @@ def main(argv: list[str]) -> int:
     p.add_argument("--no-clean", action="store_true", help="keep variants in --out that no member builds")
     p.add_argument("--no-check", action="store_true",
                    help="skip loading each member's variants through kernels and checking their numbers")
+    p.add_argument("--report", type=Path,
+                   help="write what ran to this JSON file (members, their torch, variants, build times, the "
+                        "check's records, the commit), also when it fails")
     args = p.parse_args(argv)
+    report: dict = {"ok": False, "error": None}
+    out = args.out.resolve()
     try:
         members = parse_members(args.torch, args.venvs.resolve())
-        out = args.out.resolve()
         plans = build_matrix(root, members, out, args.backends.split(",") if args.backends else None,
-                             args.pip_args.split(), clean=not args.no_clean)
+                             args.pip_args.split(), clean=not args.no_clean, report=report)
         if not args.no_check:
-            check_matrix(root, members, plans, out)
+            check_matrix(root, members, plans, out, report=report)
+        report["ok"] = True
     except MatrixError as exc:
+        report["error"] = str(exc)
         print(f"fused-geglu build-matrix: error: {exc}", file=sys.stderr)
         return 1
+    finally:
+        if args.report:
+            write_report(args.report, report, out)
     return 0
