@@ -19,8 +19,8 @@ from __future__ import annotations
 
 import argparse
 import hashlib
-import os
 import json
+import os
 import platform
 import subprocess
 import sys
@@ -33,6 +33,7 @@ from .builder import BuildError, remove_stale_variants
 from .variants import Variant
 
 _STAMP = ".fused-geglu-build-env"  # in each environment: the hash of what was installed into it
+_CHECK_TIMEOUT_S = 600  # one member's load and check: ~4 s on 2 cores; a hang must not stall the matrix
 
 
 class MatrixError(BuildError):
@@ -200,20 +201,19 @@ def build_matrix(root: Path, members: list[Member], out: Path, backends: list[st
         raise MatrixError("two torch releases would build the same variant, the later overwriting the earlier: "
                           + "; ".join(clashes) + ". Keep one release per torch minor version.")
     out.mkdir(parents=True, exist_ok=True)
-    timings = {}
     for member in members:
         t0 = time.monotonic()
         args = ["--out", str(out), "--no-clean", *_backends_arg(backends)]
         _log(f"torch {member.torch}: building")
         _run(_builder(member, *args), f"torch {member.torch}: fused-geglu build", env=_builder_env(root))
-        timings[member.torch] = entries[member.torch]["build_s"] = round(time.monotonic() - t0, 1)
+        entries[member.torch]["build_s"] = round(time.monotonic() - t0, 1)
         missing = [n for n in plans[member.torch] if not (out / n / "metadata.json").is_file()]
         if missing:
             raise MatrixError(f"torch {member.torch}: the build finished without {', '.join(missing)}")
     if clean and backends is None:
         remove_stale_variants(out, {n for names in plans.values() for n in names})
     for member in members:
-        _log(f"torch {member.torch}: {timings[member.torch]:.0f} s, {', '.join(plans[member.torch])}")
+        _log(f"torch {member.torch}: {entries[member.torch]['build_s']:.0f} s, {', '.join(plans[member.torch])}")
     return plans
 
 
@@ -279,10 +279,11 @@ def check_matrix(root: Path, members: list[Member], plans: dict[str, list[str]],
             for backend, expected in expected_loads(plans[member.torch]).items():
                 cmd = [str(member.python), "-m", "fused_geglu_tools.variant_check", "--repo-id", repo_id,
                        "--version", str(version), "--backend", backend]
-                proc = subprocess.run(cmd, env=env, text=True, capture_output=True)
-                lines = proc.stdout.strip().splitlines()
                 try:
-                    result = json.loads(lines[-1])
+                    proc = subprocess.run(cmd, env=env, text=True, capture_output=True, timeout=_CHECK_TIMEOUT_S)
+                    result = json.loads(proc.stdout.strip().splitlines()[-1])
+                except subprocess.TimeoutExpired:
+                    result = {"error": f"no answer within {_CHECK_TIMEOUT_S} s"}
                 except (IndexError, json.JSONDecodeError):
                     result = {"error": f"exit {proc.returncode}, no result: {(proc.stdout + proc.stderr)[-2000:]}"}
                 results.setdefault(member.torch, {})[backend] = result

@@ -66,7 +66,8 @@ def _cases(torch, device, dtype, gen):
     ]
 
 
-def _run(torch, fn, leaves, grad_out):
+def _forward_backward(fn, leaves, grad_out):
+    """The output and every leaf's gradient for ``grad_out``."""
     for t in leaves:
         t.grad = None
     out = fn(*leaves)
@@ -84,15 +85,14 @@ def check_device(kernel, device: str) -> list[dict]:
     records = []
     for name, leaves, ours, eager in _cases(torch, device, dtype, gen):
         ref_leaves = [t.detach().double().cpu().requires_grad_() for t in leaves]
-        ref_out = eager(*ref_leaves)
-        grad_out = torch.randn(ref_out.shape, generator=gen, dtype=torch.float64)
-        ref = _run(torch, eager, ref_leaves, grad_out)
-        got = _run(torch, lambda *a: ours(kernel, *a), leaves, grad_out.to(device))
+        grad_out = torch.randn(eager(*ref_leaves).shape, generator=gen, dtype=torch.float64)
+        ref = _forward_backward(eager, ref_leaves, grad_out)
+        got = _forward_backward(lambda *a: ours(kernel, *a), leaves, grad_out.to(device))
         err = max(rel_error(g.cpu(), r) for g, r in zip(got, ref))
         if dtype == torch.float32:
             allowed = FP32_REL_TOL
         else:
-            base = _run(torch, eager, leaves, grad_out.to(device))
+            base = _forward_backward(eager, leaves, grad_out.to(device))
             allowed = BF16_EAGER_FACTOR * max(rel_error(b.cpu(), r) for b, r in zip(base, ref))
         records.append({"op": name, "device": device, "dtype": str(dtype).removeprefix("torch."),
                         "error": err, "allowed": allowed, "ok": err <= allowed,
