@@ -134,6 +134,8 @@ for phase in "$@"; do
       read -r repo_id version < <(python3 -c 'from fused_geglu_tools.buildconfig import hub_repo_id, hub_version
 print(hub_repo_id(), hub_version())')
       for b in cuda cpu; do
+        # Only the backends build/ holds (this script builds --backends cuda): torch-cuda / torch211-*-cu130.
+        ls -d build/torch*-${b/cuda/cu}* > /dev/null 2>&1 || { echo '{"skipped": "not built here"}' > "$OUT/variant-check-$b.json"; continue; }
         HF_HUB_OFFLINE=1 HF_HUB_CACHE="$PWD/.hub-cache" timeout 300 python3 -m fused_geglu_tools.variant_check \
           --repo-id "$repo_id" --version "$version" --backend $b > "$OUT/variant-check-$b.out" 2> "$OUT/variant-check-$b.log"
         tail -1 "$OUT/variant-check-$b.out" > "$OUT/variant-check-$b.json"
