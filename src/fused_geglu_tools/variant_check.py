@@ -24,6 +24,8 @@ import json
 import sys
 from pathlib import Path
 
+import torch
+
 FP32_REL_TOL = 2e-5  # fp32 against float64, relative to the reference's largest magnitude; seen: ~5e-7
 BF16_EAGER_FACTOR = 2.0  # bf16: at most this times eager bf16's error against the same reference
 
@@ -35,12 +37,10 @@ def rel_error(got, ref) -> float:
 
 
 def _gelu(t, approximate):
-    import torch
-
     return torch.nn.functional.gelu(t, approximate=approximate)
 
 
-def _cases(torch, device, dtype, gen):
+def _cases(device, dtype, gen):
     """(name, kernel call, eager call) triples over shared leaf tensors; each call returns the output."""
 
     def leaf(*shape, scale=1.0):
@@ -78,12 +78,10 @@ def _forward_backward(fn, leaves, grad_out):
 def check_device(kernel, device: str) -> list[dict]:
     """One record per op: its largest error over the output and every gradient, the allowed error, and
     the backend that ran it."""
-    import torch
-
     dtype = torch.float32 if device == "cpu" else torch.bfloat16
     gen = torch.Generator().manual_seed(20261207)
     records = []
-    for name, leaves, ours, eager in _cases(torch, device, dtype, gen):
+    for name, leaves, ours, eager in _cases(device, dtype, gen):
         ref_leaves = [t.detach().double().cpu().requires_grad_() for t in leaves]
         grad_out = torch.randn(eager(*ref_leaves).shape, generator=gen, dtype=torch.float64)
         ref = _forward_backward(eager, ref_leaves, grad_out)
@@ -109,8 +107,6 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--backend", choices=("cpu", "cuda"), default=None,
                    help="the backend kernels loads for (default: the one this torch is built for)")
     args = p.parse_args(argv)
-
-    import torch
 
     result = {"torch": torch.__version__, "torch_cuda": torch.version.cuda, "backend": args.backend,
               "gpu": torch.cuda.is_available()}
