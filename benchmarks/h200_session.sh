@@ -4,6 +4,7 @@
 # with the project's builder, stage it, then run the phases asked for, writing logs under $OUT.
 #   bash benchmarks/h200_session.sh build test selftest        # correctness
 #   bash benchmarks/h200_session.sh build check                # build-matrix's load-and-check, CUDA tensors too
+#   bash benchmarks/h200_session.sh staged check test          # the carried build/ (say, a matrix built elsewhere)
 #   bash benchmarks/h200_session.sh build bench                # the side-by-side harness
 #   bash benchmarks/h200_session.sh tune build diag test bench # + decode configs, cuBLASLt facts
 #   bash benchmarks/h200_session.sh build host decode          # host time per call; decode graph variants
@@ -79,6 +80,15 @@ for phase in "$@"; do
       [ -n "$so" ] && cuobjdump --dump-sass "$so" 2>/dev/null | grep -oE "(HGMMA|UTMALDG|UTMASTG)\.[0-9A-Za-z_.x]+" | sort | uniq -c | sort -rn > "$OUT/sass_hgmma.txt"
       tar czf "$OUT/build-cu.tgz" build/torch211-* build/torch-cuda 2>/dev/null
       summary+=("build rc=$rc $(($(date +%s)-start))s so=$(du -h ${so:-/dev/null} | cut -f1) hgmma_lines=$(wc -l < "$OUT/sass_hgmma.txt" 2>/dev/null) cached_objects=$(grep -c '(cached)' "$OUT/build.log")")
+      ;;
+    staged)
+      # Instead of `build`: stage the build/ the call carried, as it is (carry ["build/torch211-...", "build/torch-cuda"]),
+      # e.g. the variants `fused-geglu build-matrix` made on a machine with no GPU, which is what gets published.
+      nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv | tee "$OUT/gpu.txt"
+      ls -d build/torch* > "$OUT/staged.log" 2>&1 && sha256sum build/torch*/*.so >> "$OUT/staged.log" 2>&1
+      grep -h -A2 '"kernel"' build/torch*/metadata.json >> "$OUT/staged.log" 2>&1
+      $FG stage >> "$OUT/staged.log" 2>&1; rc=$?
+      summary+=("staged rc=$rc $(ls -d build/torch* 2>/dev/null | xargs -n1 basename | tr '\n' ' ')$(($(date +%s)-start))s")
       ;;
     tune)
       # Decode-size (M = 16) Triton configs for the MLP's gate+up and down GEMMs of the benchmark
