@@ -9,7 +9,6 @@
 # Usage: bash benchmarks/device_wheels.sh [extra NAME==VERSION ...]
 set -euo pipefail
 cd "$(git rev-parse --show-toplevel)"
-grep -qxF '/.whl/' .git/info/exclude 2>/dev/null || echo '/.whl/' >> .git/info/exclude
 pin() { grep -i "^$1==" requirements/constraints.txt || { echo "no pin for $1 in requirements/constraints.txt" >&2; exit 1; }; }
 wheels=("$(pin kernels)" "$(pin transformers)" "$(pin huggingface_hub)" "$(pin httpx2)" "$(pin httpcore2)"
         "$(pin truststore)" "$(pin click)" "$(pin hf-xet)" "$(pin accelerate)" "$(pin kernel-abi-check)"

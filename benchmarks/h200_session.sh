@@ -18,9 +18,9 @@
 #   fresh H100 at d3c3b41, -n 15, the suite took 176 s and noarch 102 s, 316 s with the build
 # The last lines printed are a short summary of each phase.
 # Build time: `build` leaves $OUT/objcache-cu.tgz (the builder's compiled kernel objects, keyed by
-# their sources, flags and torch version). Unpacked into .objcache-cu/ here (git-ignored locally via
-# .git/info/exclude) and carried with the next call (carry [".whl", ".objcache-cu"]), it lets the
-# builder skip every kernel source that did not change; the binding is always recompiled.
+# their sources, flags and torch version). Unpacked into .objcache-cu/ here (in .gitignore) and carried
+# with the next call (carry [".whl", ".objcache-cu"]), it lets the builder skip every kernel source that
+# did not change; the binding is always recompiled.
 # Provenance: export FUSED_GEGLU_COMMIT=<the full 40-hex commit> (a short id is refused). The copy's own
 # .git may hold an older HEAD, so the builder cannot check the tree against that commit and records it
 # dirty; where the copied tree is exactly that commit (files of the call itself moved out first),
@@ -67,9 +67,10 @@ for phase in "$@"; do
       # builder names the tree by its files, and the tree the tests see must be the tree it named.
       if [ -d .objcache-cu ]; then mkdir -p build/.objcache && cp -n .objcache-cu/*.o build/.objcache/ 2>/dev/null; rm -rf .objcache-cu; fi
       # Where the copy's .git has the commit, the builder names the tree by git: the call's own carried
-      # files (ignored here through .git/info/exclude, which the copy may lack) must not make it dirty.
+      # files must not make it dirty: .whl, .commit and .objcache-cu are in .gitignore (the copy's, which is
+      # this tree's), a caller's devcall* scripts are excluded here.
       if [ -d .git ]; then
-        mkdir -p .git/info && printf '%s\n' /.whl/ /.commit /.objcache-cu/ '/devcall*' >> .git/info/exclude
+        mkdir -p .git/info && printf '%s\n' '/devcall*' >> .git/info/exclude
         git status --porcelain --untracked-files=all 2>/dev/null | head -20 > "$OUT/git-status.txt"
       fi
       $FG build --backends cuda 2>&1 | tee "$OUT/build.log"; rc=${PIPESTATUS[0]}
