@@ -114,6 +114,8 @@ TORCH_LIBRARY_EXPAND(TORCH_EXTENSION_NAME, ops) {
   ops.def(
       "linear_lt_bwd_weight(Tensor(a!) dw, Tensor(b!)? db, Tensor grad_y, Tensor x) -> ()");
   ops.impl("linear_lt_bwd_weight", c10::kCUDA, &linear_lt_bwd_weight);
+  // No tensor argument: a catch-all kernel (the tests read it; kernel_src/linear_cublaslt/algo_pick.h).
+  ops.def("linear_lt_plan_stats() -> int[]", &linear_lt_plan_stats);
   // linear_lt with a C++ autograd node (kernel_src/autograd_nodes/linear_lt_train.cpp).
   ops.def("linear_lt_train(Tensor x, Tensor weight, Tensor? bias, int activation) -> Tensor");
   ops.impl("linear_lt_train", torch::dispatch(c10::DispatchKey::AutogradCUDA, TORCH_FN(linear_lt_train)));

@@ -22,9 +22,10 @@
 //   wgrad:   D(K x N) = op_N(X: K x M) * op_T(GY: N x M); BGRADB reduces op(B) = M x N over the
 //            GEMM's k (= M) dimension, giving one value per column of D (= per output feature).
 //
-// Host side: descriptors, layouts and the heuristic's algorithm are cached per
+// Host side: descriptors, layouts and the heuristic's candidates are cached per
 // (device, dtypes, shape, leading dims, pointer alignments, epilogue, tf32); the per-call pointers
-// (bias, aux) are set on the cached descriptor under a mutex. The workspace is a 32 MiB torch
+// (bias, aux) are set on the cached descriptor under a mutex. Which candidate runs is settled on the
+// shape's first call outside graph capture, by timing the first few (algo_pick.h). The workspace is a 32 MiB torch
 // tensor per (device, stream), so it comes from the caching allocator; nothing here synchronises,
 // so the ops can be captured in a CUDA graph (allocate the workspace outside capture first, i.e.
 // run once eagerly on that stream, if the graph's private pool must not own it).
@@ -33,8 +34,12 @@
 #include <cublasLt.h>
 #include <ATen/ATen.h>
 
+#include "algo_pick.h"
+
 #include <algorithm>
+#include <array>
 #include <cstdint>
+#include <cstdio>
 #include <cstring>
 #include <functional>
 #include <map>
@@ -131,7 +136,9 @@ struct PlanKey {
 struct Plan {
   cublasLtMatmulDesc_t desc = nullptr;
   cublasLtMatrixLayout_t la = nullptr, lb = nullptr, lc = nullptr, ld = nullptr;
-  cublasLtMatmulAlgo_t algo;
+  std::vector<cublasLtMatmulHeuristicResult_t> cands;  // the heuristic's, best first
+  cublasLtMatmulAlgo_t algo;                           // the one that runs: cands[0] until settled
+  bool settled = false;                                // timed, taken from the bucket, or nothing to pick
   ~Plan() {
     if (la) cublasLtMatrixLayoutDestroy(la);
     if (lb) cublasLtMatrixLayoutDestroy(lb);
@@ -141,14 +148,40 @@ struct Plan {
   }
 };
 
-std::mutex g_plan_mu;  // guards the cache and the per-call pointer attributes of a cached desc
+std::mutex g_plan_mu;  // guards the caches, the counters and the per-call pointer attributes of a cached desc
 std::map<PlanKey, std::unique_ptr<Plan>> g_plans;
+// A timed winner per size bucket (bucket_of): later sizes in the bucket run it when offered.
+std::map<PlanKey, cublasLtMatmulAlgo_t> g_winners;
+// plans built, shapes timed, plans settled from a bucket's winner, plans running another than cands[0]
+std::array<int64_t, 4> g_counts{};
+
+int64_t pow2_at_least(int64_t v) {
+  int64_t p = 1;
+  while (p < v) p *= 2;
+  return p;
+}
+
+// The key with the token dimension rounded up to a power of two (the rows: n in the forward, where
+// A is the weight, transposed; k in the weight gradient), the batch count too, and the leading
+// dimensions and batch strides, which follow the rows, reduced to whether there is a C / aux.
+PlanKey bucket_of(const PlanKey &key) {
+  PlanKey b = key;
+  if (key.transa == CUBLAS_OP_T) b.n = pow2_at_least(key.n);
+  else b.k = pow2_at_least(key.k);
+  b.batch = pow2_at_least(key.batch);
+  b.lda = b.ldb = b.ldd = 0;
+  b.ldc = key.ldc > 0;
+  b.ldaux = key.ldaux > 0;
+  b.batch_stride_b = b.batch_stride_d = 0;
+  return b;
+}
 
 // Builds (or finds) the plan. Called with g_plan_mu held.
 Plan &get_plan(const PlanKey &key, cublasLtHandle_t handle, const Describe &what) {
   auto it = g_plans.find(key);
   if (it != g_plans.end()) return *it->second;
   if (g_plans.size() > 4096) g_plans.clear();  // bound the cache; plans are cheap to rebuild
+  if (g_winners.size() > 4096) g_winners.clear();
 
   auto plan = std::make_unique<Plan>();
   const auto a_type = cudaDataType_t(key.a_type), d_type = cudaDataType_t(key.d_type);
@@ -219,15 +252,62 @@ Plan &get_plan(const PlanKey &key, cublasLtHandle_t handle, const Describe &what
   for (auto &[attr, v] : aligns) {
     FG_LT_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, attr, &v, sizeof(v)), what);
   }
-  cublasLtMatmulHeuristicResult_t result;
-  std::memset(&result, 0, sizeof(result));
+  std::vector<cublasLtMatmulHeuristicResult_t> results(fused_geglu_lt::candidate_count());
+  std::memset(results.data(), 0, results.size() * sizeof(results[0]));
   int found = 0;
   FG_LT_CHECK(cublasLtMatmulAlgoGetHeuristic(handle, plan->desc, plan->la, plan->lb,
-                                             plan->lc ? plan->lc : plan->ld, plan->ld, pref, 1,
-                                             &result, &found), what);
+                                             plan->lc ? plan->lc : plan->ld, plan->ld, pref,
+                                             int(results.size()), results.data(), &found), what);
   TORCH_CHECK(found > 0, "fused_geglu cuBLASLt: no algorithm found for ", what());
-  plan->algo = result.algo;
+  results.resize(found);
+  plan->cands = std::move(results);
+  plan->algo = plan->cands[0].algo;
+  plan->settled = plan->cands.size() < 2;
+  ++g_counts[0];
   return *g_plans.emplace(key, std::move(plan)).first->second;
+}
+
+// Chooses the candidate a plan runs (algo_pick.h). Called with g_plan_mu held.
+void settle(Plan &plan, const PlanKey &key, fused_geglu_lt::LtCall &call) {
+  if (at::globalContext().deterministicAlgorithms()) {  // the heuristic's first, always
+    plan.settled = true;
+    return;
+  }
+  const PlanKey bucket = bucket_of(key);
+  auto won = g_winners.find(bucket);
+  if (won != g_winners.end()) {
+    for (size_t i = 0; i < plan.cands.size(); ++i) {
+      if (fused_geglu_lt::same_config(plan.cands[i].algo, won->second)) {
+        plan.algo = plan.cands[i].algo;
+        if (i != 0) ++g_counts[3];
+        break;
+      }
+    }
+    plan.settled = true;
+    ++g_counts[2];
+    return;
+  }
+  // Timing re-runs the call: D must not be one of its inputs (an in-place addend would be added twice).
+  if ((key.ldc > 0 && call.C == call.D) || call.A == call.D || call.B == call.D) return;
+  if (!fused_geglu_lt::may_time(call.stream, int(plan.cands.size()))) return;  // in capture: cands[0] for now
+  const int64_t ea = key.a_type == CUDA_R_32F ? 4 : 2, ed = key.d_type == CUDA_R_32F ? 4 : 2;
+  call.operand_bytes = size_t(ea * (key.m * key.k + key.k * key.n * key.batch) +
+                              ed * key.m * key.n * key.batch * (key.ldc > 0 ? 2 : 1));
+  std::vector<float> us;
+  const int best = fused_geglu_lt::time_candidates(call, plan.cands, us);
+  plan.algo = plan.cands[best].algo;
+  plan.settled = true;
+  g_winners[bucket] = plan.algo;
+  ++g_counts[1];
+  if (best != 0) ++g_counts[3];
+  if (fused_geglu_lt::log_enabled()) {
+    std::string times;
+    for (float t : us) times += (times.empty() ? "" : " ") + std::to_string(t).substr(0, 7);
+    std::fprintf(stderr, "fused_geglu cuBLASLt pick: m=%lld n=%lld k=%lld batch=%lld epilogue=%d "
+                 "trans=%d%d dtype=%d: us [%s] -> %d\n", (long long)key.m, (long long)key.n,
+                 (long long)key.k, (long long)key.batch, key.epilogue, key.transa, key.transb,
+                 key.a_type, times.c_str(), best);
+  }
 }
 
 // One cuBLASLt matmul D = op(A) op(B) (+ C when key.ldc > 0) (+ epilogue). Pointers of bias / aux
@@ -254,6 +334,12 @@ void lt_matmul(PlanKey key, const void *A, const void *B, const void *C, void *D
   if (aux) {
     FG_LT_CHECK(cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER,
                                                &aux, sizeof(aux)), what);
+  }
+  if (!plan.settled) {
+    fused_geglu_lt::LtCall call{handle, plan.desc, plan.la, plan.lb, plan.lc, plan.ld, A, B,
+                                key.ldc > 0 ? C : D, D, beta, ws, kWorkspaceBytes, stream,
+                                key.device, 0};
+    settle(plan, key, call);
   }
   FG_LT_CHECK(cublasLtMatmul(handle, plan.desc, &alpha, A, plan.la, B, plan.lb, &beta,
                              key.ldc > 0 ? C : D, plan.lc ? plan.lc : plan.ld, D, plan.ld,
@@ -443,4 +529,9 @@ void linear_lt_bwd_weight(at::Tensor &dw, std::optional<at::Tensor> const &db,
                                                          {"db", has_db ? *db : at::Tensor()},
                                                          {"grad_y", grad_y}, {"x", x}});
             });
+}
+
+std::vector<int64_t> linear_lt_plan_stats() {
+  std::lock_guard<std::mutex> lock(g_plan_mu);
+  return {g_counts[0], g_counts[1], g_counts[2], g_counts[3], int64_t(fused_geglu_lt::candidate_count())};
 }
