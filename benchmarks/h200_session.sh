@@ -14,6 +14,7 @@
 #   bash benchmarks/h200_session.sh build sweep                # decode_sweep.py (SWEEP_ARGS)
 #   bash benchmarks/h200_session.sh build probe                # kernel_probe.py (PROBE_SECTIONS, default decode)
 #   bash benchmarks/h200_session.sh build seqfirst             # seqfirst_route.py (SEQFIRST_ARGS)
+#   bash benchmarks/h200_session.sh build ltpick               # lt_pick.py, the cuBLASLt pick (LTPICK_ARGS)
 #   bash benchmarks/h200_session.sh build bench pack           # ... and every log/result in one results.tgz
 #   TEST_FILES=ops bash benchmarks/h200_session.sh build test    # the whole suite in two calls: ops, then
 #   TEST_FILES=loader bash benchmarks/h200_session.sh build test noarch  # the rest + the noarch route
@@ -235,6 +236,19 @@ PY
       timeout ${SEQFIRST_TIMEOUT:-400} python3 benchmarks/diag/seqfirst_route.py --out "$OUT" ${SEQFIRST_ARGS:-} 2>&1 \
         | grep -v -i warn | tee "$OUT/seqfirst.log" | tail -70
       summary+=("seqfirst $(grep -c '|' "$OUT/seqfirst.log") cases $(($(date +%s)-start))s")
+      ;;
+    ltpick)
+      # The cuBLASLt linear's candidate pick (benchmarks/diag/lt_pick.py --help): one process with the
+      # heuristic's first only, one that times the first 4 (logging each pick), then the comparison.
+      # LTPICK_ARGS picks shapes, tokens, activations, --wgrad.
+      export HF_HUB_OFFLINE=1 HF_HUB_CACHE=$PWD/.hub-cache
+      FUSED_GEGLU_LT_CANDIDATES=1 timeout ${LTPICK_TIMEOUT:-200} python3 benchmarks/diag/lt_pick.py --out "$OUT" \
+        --tag first ${LTPICK_ARGS:-} > "$OUT/ltpick-first.log" 2>&1
+      FUSED_GEGLU_LT_LOG=1 timeout ${LTPICK_TIMEOUT:-200} python3 benchmarks/diag/lt_pick.py --out "$OUT" \
+        --tag timed ${LTPICK_ARGS:-} > "$OUT/ltpick-timed.log" 2>&1
+      python3 benchmarks/diag/lt_pick.py --compare "$OUT/lt-pick-first.json" "$OUT/lt-pick-timed.json" 2>&1 \
+        | tee "$OUT/ltpick.log" | tail -${LTPICK_TAIL:-80}
+      summary+=("ltpick $(grep -c ' M' "$OUT/ltpick.log") cases, picks logged $(grep -c 'pick:' "$OUT/ltpick-timed.log") $(($(date +%s)-start))s")
       ;;
     e2e)
       # E2E_ARGS, e.g. "--batch 1 --seq 16 --reps 40 --rounds 4 --no-compile --host-profile" (decode host time)

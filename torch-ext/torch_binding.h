@@ -138,7 +138,8 @@ void linear_lt(at::Tensor &out, at::Tensor const &x, at::Tensor const &weight,
 void linear_lt_bwd_weight(at::Tensor &dw, std::optional<at::Tensor> const &db,
                           at::Tensor const &grad_y, at::Tensor const &x);
 // What the cuBLASLt plans did so far (algo_pick.h): [plans built, shapes timed, plans settled from a
-// size bucket's winner, plans running another candidate than the heuristic's first, candidates asked for].
+// size bucket's winner, plans running another candidate than the heuristic's first, plans offered one
+// candidate, candidates asked for].
 std::vector<int64_t> linear_lt_plan_stats();
 // linear_lt with a C++ autograd node (kernel_src/autograd_nodes/linear_lt_train.cpp): y[..., N] for a
 // contiguous x[..., K]; activation 0 (BIAS epilogue) or 1 (tanh GELU_AUX_BIAS, pre-activation saved).

@@ -152,8 +152,9 @@ std::mutex g_plan_mu;  // guards the caches, the counters and the per-call point
 std::map<PlanKey, std::unique_ptr<Plan>> g_plans;
 // A timed winner per size bucket (bucket_of): later sizes in the bucket run it when offered.
 std::map<PlanKey, cublasLtMatmulAlgo_t> g_winners;
-// plans built, shapes timed, plans settled from a bucket's winner, plans running another than cands[0]
-std::array<int64_t, 4> g_counts{};
+// plans built, shapes timed, plans settled from a bucket's winner, plans running another than cands[0],
+// plans whose heuristic offered one candidate (nothing to pick)
+std::array<int64_t, 5> g_counts{};
 
 int64_t pow2_at_least(int64_t v) {
   int64_t p = 1;
@@ -264,6 +265,7 @@ Plan &get_plan(const PlanKey &key, cublasLtHandle_t handle, const Describe &what
   plan->algo = plan->cands[0].algo;
   plan->settled = plan->cands.size() < 2;
   ++g_counts[0];
+  if (plan->settled) ++g_counts[4];
   return *g_plans.emplace(key, std::move(plan)).first->second;
 }
 
@@ -533,5 +535,6 @@ void linear_lt_bwd_weight(at::Tensor &dw, std::optional<at::Tensor> const &db,
 
 std::vector<int64_t> linear_lt_plan_stats() {
   std::lock_guard<std::mutex> lock(g_plan_mu);
-  return {g_counts[0], g_counts[1], g_counts[2], g_counts[3], int64_t(fused_geglu_lt::candidate_count())};
+  return {g_counts[0], g_counts[1], g_counts[2], g_counts[3], g_counts[4],
+          int64_t(fused_geglu_lt::candidate_count())};
 }
