@@ -7,8 +7,9 @@
 // are each timed once (a few launches, L2 flushed where the operands would stay in it) and the fastest
 // is kept; the heuristic's first stays unless another is at least 3 % faster, so noise does not move
 // it. The winner is remembered per size bucket (rows rounded up to a power of two), and a later size
-// in the bucket reuses it when the heuristic offers the same configuration there: a server seeing a
-// new token count per request times once per bucket, not once per count.
+// in the bucket reuses it when the heuristic offers the same configuration there (where the heuristic's
+// first won, a later size runs its own first): a server seeing a new token count per request times once
+// per bucket, not once per count.
 #pragma once
 
 #include <cublasLt.h>

@@ -150,8 +150,13 @@ struct Plan {
 
 std::mutex g_plan_mu;  // guards the caches, the counters and the per-call pointer attributes of a cached desc
 std::map<PlanKey, std::unique_ptr<Plan>> g_plans;
-// A timed winner per size bucket (bucket_of): later sizes in the bucket run it when offered.
-std::map<PlanKey, cublasLtMatmulAlgo_t> g_winners;
+// A timed winner per size bucket (bucket_of). Later sizes in the bucket run it when their heuristic
+// offers it; where the heuristic's first won, they run their own heuristic's first.
+struct Winner {
+  bool first;
+  cublasLtMatmulAlgo_t algo;
+};
+std::map<PlanKey, Winner> g_winners;
 // plans built, shapes timed, plans settled from a bucket's winner, plans running another than cands[0],
 // plans whose heuristic offered one candidate (nothing to pick)
 std::array<int64_t, 5> g_counts{};
@@ -278,8 +283,8 @@ void settle(Plan &plan, const PlanKey &key, fused_geglu_lt::LtCall &call) {
   const PlanKey bucket = bucket_of(key);
   auto won = g_winners.find(bucket);
   if (won != g_winners.end()) {
-    for (size_t i = 0; i < plan.cands.size(); ++i) {
-      if (fused_geglu_lt::same_config(plan.cands[i].algo, won->second)) {
+    for (size_t i = 0; i < plan.cands.size() && !won->second.first; ++i) {
+      if (fused_geglu_lt::same_config(plan.cands[i].algo, won->second.algo)) {
         plan.algo = plan.cands[i].algo;
         if (i != 0) ++g_counts[3];
         break;
@@ -299,7 +304,7 @@ void settle(Plan &plan, const PlanKey &key, fused_geglu_lt::LtCall &call) {
   const int best = fused_geglu_lt::time_candidates(call, plan.cands, us);
   plan.algo = plan.cands[best].algo;
   plan.settled = true;
-  g_winners[bucket] = plan.algo;
+  g_winners[bucket] = Winner{best == 0, plan.algo};
   ++g_counts[1];
   if (best != 0) ++g_counts[3];
   if (fused_geglu_lt::log_enabled()) {
