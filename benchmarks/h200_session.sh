@@ -244,7 +244,7 @@ PY
       export HF_HUB_OFFLINE=1 HF_HUB_CACHE=$PWD/.hub-cache
       FUSED_GEGLU_LT_CANDIDATES=1 timeout ${LTPICK_TIMEOUT:-200} python3 benchmarks/diag/lt_pick.py --out "$OUT" \
         --tag first ${LTPICK_ARGS:-} > "$OUT/ltpick-first.log" 2>&1
-      FUSED_GEGLU_LT_LOG=1 timeout ${LTPICK_TIMEOUT:-200} python3 benchmarks/diag/lt_pick.py --out "$OUT" \
+      FUSED_GEGLU_LT_CANDIDATES=4 FUSED_GEGLU_LT_LOG=1 timeout ${LTPICK_TIMEOUT:-200} python3 benchmarks/diag/lt_pick.py --out "$OUT" \
         --tag timed ${LTPICK_ARGS:-} > "$OUT/ltpick-timed.log" 2>&1
       python3 benchmarks/diag/lt_pick.py --compare "$OUT/lt-pick-first.json" "$OUT/lt-pick-timed.json" 2>&1 \
         | tee "$OUT/ltpick.log" | tail -${LTPICK_TAIL:-80}

@@ -1,8 +1,10 @@
-"""The cuBLASLt linear's candidate pick (kernel_src/linear_cublaslt/algo_pick.h): a shape's first call
-outside graph capture times the heuristic's first candidates and keeps one; a call in capture, under
-deterministic algorithms, or whose output is its own addend times nothing; a later size in the same
-bucket reuses the winner. Whatever is picked, the product is right. CUDA tensors only: on the CPU
-machine these skip, and the GPU runs record them (benchmarks/results/h200-tests-*.md)."""
+"""The cuBLASLt linear's candidate pick (kernel_src/linear_cublaslt/algo_pick.h): with
+$FUSED_GEGLU_LT_CANDIDATES above 1, a shape's first call outside graph capture times the heuristic's
+first candidates and keeps one; a call in capture, under deterministic algorithms, or whose output is
+its own addend times nothing; a later size in the same bucket reuses the winner. With the default (1)
+nothing is timed. Whatever is picked, the product is right. The variable is read when a shape's plan
+is built, so each test sets it and uses shapes no other test uses. CUDA tensors only: on the CPU
+machine these skip; they have not yet run on a GPU (the session that wrote them got no device)."""
 
 from __future__ import annotations
 
@@ -15,6 +17,11 @@ from _numerics import assert_close
 
 # Shapes no other test uses, so each test's first call builds a fresh plan in the session's cache.
 _K, _N = 1544, 2312
+
+
+@pytest.fixture
+def timing_on(monkeypatch):
+    monkeypatch.setenv("FUSED_GEGLU_LT_CANDIDATES", "4")
 
 
 def _ops_or_skip(kernel, device):
@@ -48,7 +55,7 @@ def _delta(after: dict, before: dict) -> dict:
     return {key: after[key] - before[key] for key in before}
 
 
-def test_first_call_in_capture_times_nothing_and_the_next_eager_call_times_once(kernel, device):
+def test_first_call_in_capture_times_nothing_and_the_next_eager_call_times_once(kernel, device, timing_on):
     ops = _ops_or_skip(kernel, device)
     x, w, b = _operands(300, _K, _N, seed=1)
     out = torch.empty(300, _N, device="cuda", dtype=torch.bfloat16)
@@ -70,8 +77,7 @@ def test_first_call_in_capture_times_nothing_and_the_next_eager_call_times_once(
     torch.cuda.synchronize()
     d = _delta(_stats(ops), s1)
     assert d["plans"] == 0 and d["timed"] <= 1 and d["from_bucket"] == 0, d
-    if s1["candidates"] == 1:
-        assert d["timed"] == 0, "FUSED_GEGLU_LT_CANDIDATES=1 must never time"
+    assert s1["candidates"] == 4
     _check(eager_out, x, w, b, "linear_lt after the timing")
     out.zero_()
     graph.replay()  # the graph keeps the algorithm it was captured with
@@ -79,7 +85,7 @@ def test_first_call_in_capture_times_nothing_and_the_next_eager_call_times_once(
     _check(out, x, w, b, "the captured graph replayed after the timing")
 
 
-def test_a_later_size_in_the_bucket_reuses_the_winner(kernel, device):
+def test_a_later_size_in_the_bucket_reuses_the_winner(kernel, device, timing_on):
     ops = _ops_or_skip(kernel, device)
     x1, w, b = _operands(200, _K + 8, _N, seed=2)
     x2 = torch.randn(230, _K + 8, device="cuda", dtype=torch.bfloat16)  # 200 and 230 round up to 256
@@ -99,7 +105,7 @@ def test_a_later_size_in_the_bucket_reuses_the_winner(kernel, device):
         assert_close(y, ref, F.gelu(F.linear(x, w, b), approximate="tanh"), what=f"linear_lt tanh GELU M={x.shape[0]}")
 
 
-def test_weight_gradient_sizes_share_a_bucket_and_stay_right(kernel, device):
+def test_weight_gradient_sizes_share_a_bucket_and_stay_right(kernel, device, timing_on):
     ops = _ops_or_skip(kernel, device)
     for m in (100, 120):  # the rows are the GEMM's k here: both round up to 128
         x, w, _ = _operands(m, _K + 16, _N, seed=m)
@@ -111,7 +117,7 @@ def test_weight_gradient_sizes_share_a_bucket_and_stay_right(kernel, device):
         assert_close(db, g.double().sum(0), g.sum(0), what=f"db M={m}")
 
 
-def test_deterministic_algorithms_keep_the_heuristics_first(kernel, device):
+def test_deterministic_algorithms_keep_the_heuristics_first(kernel, device, timing_on):
     ops = _ops_or_skip(kernel, device)
     x, w, b = _operands(96, _K + 24, _N, seed=3)
     out = torch.empty(96, _N, device="cuda", dtype=torch.bfloat16)
@@ -129,7 +135,7 @@ def test_deterministic_algorithms_keep_the_heuristics_first(kernel, device):
     _check(out, x, w, b, "linear_lt under deterministic algorithms")
 
 
-def test_an_output_that_is_its_own_addend_is_not_timed_into_a_wrong_sum(kernel, device):
+def test_an_output_that_is_its_own_addend_is_not_timed_into_a_wrong_sum(kernel, device, timing_on):
     """Timing re-runs the call: with out as its own addend (C is D), each run would add the product
     again. Such a call is never timed, so the result is addend + x w^T once."""
     ops = _ops_or_skip(kernel, device)
@@ -142,3 +148,26 @@ def test_an_output_that_is_its_own_addend_is_not_timed_into_a_wrong_sum(kernel, 
     assert _delta(_stats(ops), s0)["timed"] == 0
     ref = addend.double() + x.double() @ w.double().t()
     assert_close(out, ref, addend + x @ w.t(), what="linear_lt with out as its own addend")
+
+
+def test_the_default_times_nothing(kernel, device, monkeypatch):
+    ops = _ops_or_skip(kernel, device)
+    monkeypatch.delenv("FUSED_GEGLU_LT_CANDIDATES", raising=False)
+    x, w, b = _operands(80, _K + 40, _N, seed=5)
+    out = torch.empty(80, _N, device="cuda", dtype=torch.bfloat16)
+    s0 = _stats(ops)
+    ops.linear_lt(out, x, w, b, 0, None)
+    torch.cuda.synchronize()
+    d = _delta(_stats(ops), s0)
+    assert _stats(ops)["candidates"] == 1
+    assert {k: d[k] for k in ("plans", "timed", "from_bucket", "not_first", "single")} == {
+        "plans": 1, "timed": 0, "from_bucket": 0, "not_first": 0, "single": 1}, d
+    _check(out, x, w, b, "linear_lt with the heuristic's first")
+
+
+def test_a_bad_candidate_count_is_named(kernel, device, monkeypatch):
+    ops = _ops_or_skip(kernel, device)
+    monkeypatch.setenv("FUSED_GEGLU_LT_CANDIDATES", "nine")
+    x, w, b = _operands(81, _K + 40, _N, seed=6)
+    with pytest.raises(RuntimeError, match="FUSED_GEGLU_LT_CANDIDATES must be an integer from 1 to 8"):
+        ops.linear_lt(torch.empty(81, _N, device="cuda", dtype=torch.bfloat16), x, w, b, 0, None)

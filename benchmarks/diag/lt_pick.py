@@ -5,8 +5,8 @@ Routes, each under CUDA-graph replay (one graph calling it once per weight set, 
 least 4x L2, so every call reads its weight from DRAM; GPU µs per call):
 
   lt       ops.linear_lt(out, x, w, b, act, None)   this project's cuBLASLt call, with the pick of this
-                                                    process ($FUSED_GEGLU_LT_CANDIDATES: 1 = the
-                                                    heuristic's first, the default times the first 4)
+                                                    process ($FUSED_GEGLU_LT_CANDIDATES: 1, the
+                                                    default, is the heuristic's first; 4 times the first 4)
   aten     F.linear(x, w, b) (+ F.gelu)             ATen's addmm (cuBLASLt with its own query)
   wgrad    ops.linear_lt_bwd_weight(dw, db, g, x)   the weight and bias gradient (BGRADB), with --wgrad
   aten_wg  g.t() @ x, g.sum(0)                      ATen's, with --wgrad
@@ -14,7 +14,7 @@ least 4x L2, so every call reads its weight from DRAM; GPU µs per call):
 Run once per setting, then compare (the plan cache is per process, so the setting is per process):
 
   FUSED_GEGLU_LT_CANDIDATES=1 python3 benchmarks/diag/lt_pick.py --out DIR --tag first
-  FUSED_GEGLU_LT_LOG=1        python3 benchmarks/diag/lt_pick.py --out DIR --tag timed
+  FUSED_GEGLU_LT_CANDIDATES=4 FUSED_GEGLU_LT_LOG=1 python3 benchmarks/diag/lt_pick.py --out DIR --tag timed
   python3 benchmarks/diag/lt_pick.py --compare DIR/lt-pick-first.json DIR/lt-pick-timed.json
 
 Outputs are checked against float64. Not the product benchmark (benchmarks/compare.py).

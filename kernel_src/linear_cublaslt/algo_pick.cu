@@ -12,24 +12,19 @@
 namespace fused_geglu_lt {
 
 int candidate_count() {
-  static const int n = [] {
-    const char *v = std::getenv("FUSED_GEGLU_LT_CANDIDATES");
-    if (v == nullptr || *v == '\0') return 4;
-    char *end = nullptr;
-    const long parsed = std::strtol(v, &end, 10);
-    TORCH_CHECK(end != v && *end == '\0' && parsed >= 1 && parsed <= 8,
-                "FUSED_GEGLU_LT_CANDIDATES must be an integer from 1 to 8, got '", v, "'");
-    return int(parsed);
-  }();
-  return n;
+  // Read whenever a plan is built (rarely: once per shape), so a process, or a test, may change it.
+  const char *v = std::getenv("FUSED_GEGLU_LT_CANDIDATES");
+  if (v == nullptr || *v == '\0') return 1;
+  char *end = nullptr;
+  const long parsed = std::strtol(v, &end, 10);
+  TORCH_CHECK(end != v && *end == '\0' && parsed >= 1 && parsed <= 8,
+              "FUSED_GEGLU_LT_CANDIDATES must be an integer from 1 to 8, got '", v, "'");
+  return int(parsed);
 }
 
 bool log_enabled() {
-  static const bool on = [] {
-    const char *v = std::getenv("FUSED_GEGLU_LT_LOG");
-    return v != nullptr && std::string(v) == "1";
-  }();
-  return on;
+  const char *v = std::getenv("FUSED_GEGLU_LT_LOG");
+  return v != nullptr && std::string(v) == "1";
 }
 
 bool may_time(cudaStream_t stream, int n_candidates) {

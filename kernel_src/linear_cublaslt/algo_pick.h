@@ -37,7 +37,10 @@ struct LtCall {
 };
 
 // $FUSED_GEGLU_LT_CANDIDATES: how many heuristic candidates are asked for and timed (1 = the
-// heuristic's first, no timing; default 4; at most 8). Read once.
+// heuristic's first, no timing; at most 8), read whenever a plan is built. The default is 1, the
+// behaviour before this file: the timing has been compiled but not yet run on a GPU (the session that
+// wrote it got no device; benchmarks/diag/lt_pick.py and the `ltpick` phase of
+// benchmarks/h200_session.sh measure it), so it is opt-in until a measurement says otherwise.
 int candidate_count();
 
 // Whether this call may time candidates now: not while the stream is being captured, not under
