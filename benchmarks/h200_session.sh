@@ -7,7 +7,8 @@
 #   bash benchmarks/h200_session.sh staged check test          # the carried build/ (say, a matrix built elsewhere)
 #     (a call carries at most 64 MiB: the tracked tree ~29 MB, .whl ~30 MB and a cu130 variant ~10 MB do not
 #     fit together; for `test` leave Liger's and accelerate's wheels aside (the suite's counts at 538439c
-#     were the same without them), for `bench` transformers' and accelerate's (it imports neither))
+#     were the same without them), for `bench` transformers' and accelerate's (it imports neither); at 9991c33
+#     the tree had grown to 29.3 MB and `staged` + `test` needed nvidia-cutlass' wheel aside too (no build there))
 #   bash benchmarks/h200_session.sh build bench                # the side-by-side harness
 #   bash benchmarks/h200_session.sh tune build diag test bench # + decode configs, cuBLASLt facts
 #   bash benchmarks/h200_session.sh build host decode          # host time per call; decode graph variants
