@@ -61,6 +61,10 @@ def test_first_call_in_capture_times_nothing_and_the_next_eager_call_times_once(
     out = torch.empty(300, _N, device="cuda", dtype=torch.bfloat16)
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):  # the stream's workspace and the handle exist before the capture
+        xs, ws, bs = _operands(8, 64, 96, seed=0)
+        ops.linear_lt(torch.empty(8, 96, device="cuda", dtype=torch.bfloat16), xs, ws, bs, 0, None)
+    torch.cuda.synchronize()
     s0 = _stats(ops)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph, stream=stream):  # a timing here would synchronise inside the capture
