@@ -1,4 +1,4 @@
-// Which of cuBLASLt's heuristic candidates a cached plan runs (kernel_src/linear_cublaslt/algo_pick.cu).
+// Which of cuBLASLt's heuristic candidates a cached plan runs (kernel_src/linear_cublaslt/algo_pick.cpp).
 //
 // The heuristic's first answer depends on the query (workspace, alignments), and at some shapes it is
 // not the fastest it offers: ATen's addmm, asking with its own preferences, got kernels 10-20 % faster
