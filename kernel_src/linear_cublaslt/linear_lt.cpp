@@ -309,7 +309,11 @@ void settle(Plan &plan, const PlanKey &key, fused_geglu_lt::LtCall &call) {
   if (best != 0) ++g_counts[3];
   if (fused_geglu_lt::log_enabled()) {
     std::string times;
-    for (float t : us) times += (times.empty() ? "" : " ") + std::to_string(t).substr(0, 7);
+    char one[32];
+    for (float t : us) {
+      std::snprintf(one, sizeof(one), "%s%.2f", times.empty() ? "" : " ", double(t));
+      times += one;
+    }
     std::fprintf(stderr, "fused_geglu cuBLASLt pick: m=%lld n=%lld k=%lld batch=%lld epilogue=%d "
                  "trans=%d%d dtype=%d: us [%s] -> %d\n", (long long)key.m, (long long)key.n,
                  (long long)key.k, (long long)key.batch, key.epilogue, key.transa, key.transb,
