@@ -249,7 +249,7 @@ PY
         --tag timed ${LTPICK_ARGS:-} > "$OUT/ltpick-timed.log" 2>&1
       python3 benchmarks/diag/lt_pick.py --compare "$OUT/lt-pick-first.json" "$OUT/lt-pick-timed.json" 2>&1 \
         | tee "$OUT/ltpick.log" | tail -${LTPICK_TAIL:-80}
-      summary+=("ltpick $(grep -c ' M' "$OUT/ltpick.log") cases, picks logged $(grep -c 'pick:' "$OUT/ltpick-timed.log") $(($(date +%s)-start))s")
+      summary+=("ltpick $(grep -c '/M[0-9]' "$OUT/ltpick.log") cases, picks logged $(grep -c 'pick:' "$OUT/ltpick-timed.log") $(($(date +%s)-start))s")
       ;;
     e2e)
       # E2E_ARGS, e.g. "--batch 1 --seq 16 --reps 40 --rounds 4 --no-compile --host-profile" (decode host time)
