@@ -69,10 +69,14 @@ int time_candidates(const LtCall &call, const std::vector<cublasLtMatmulHeuristi
   // (weights of many layers, inputs that change) they come from DRAM. A memset of twice L2 between
   // launches evicts them. The buffer comes from the caching allocator and goes back at the end.
   const int64_t l2 = at::cuda::getCurrentDeviceProperties()->l2CacheSize;
-  const bool flush = l2 > 0 && call.operand_bytes < size_t(2 * l2);
+  bool flush = l2 > 0 && call.operand_bytes < size_t(2 * l2);
   at::Tensor scrub;
   if (flush) {
-    scrub = at::empty({2 * l2}, at::TensorOptions().dtype(at::kByte).device(at::kCUDA, call.device));
+    try {
+      scrub = at::empty({2 * l2}, at::TensorOptions().dtype(at::kByte).device(at::kCUDA, call.device));
+    } catch (const c10::OutOfMemoryError &) {
+      flush = false;  // a nearly full device: time with warm L2 rather than fail a call that fits
+    }
   }
   std::vector<bool> ok(n, true);
   for (size_t i = 0; i < n; ++i) {  // warm-up: also drops a candidate that does not launch
