@@ -125,6 +125,18 @@ def environment() -> dict:
 L2_BYTES = 60 << 20
 
 
+def projection_weight_sets(shape: str, proj: str, device, dtype):
+    """(K, N, weight bytes, (weight, bias) sets) of one projection of a benchmark shape: ``gate`` is
+    K = H, N = I, ``down`` K = I, N = H. At least two sets, together at least 4x L2, so that a CUDA
+    graph calling a linear once per set reads every weight from DRAM."""
+    h, i = SHAPES[shape]
+    k, n = (h, i) if proj == "gate" else (i, h)
+    wbytes = n * k * torch.finfo(dtype).bits // 8
+    nsets = max(2, -(-4 * L2_BYTES // wbytes))
+    return k, n, wbytes, [(torch.randn(n, k, device=device, dtype=dtype) * k**-0.5,
+                           torch.randn(n, device=device, dtype=dtype)) for _ in range(nsets)]
+
+
 def decode_weight_sets(h: int, i: int, tokens: int, device, dtype):
     """(sets, bytes of one set's weights, float64 eager outputs): n (x, w_gate, w_up, w_down) sets,
     together at least 4x L2, so that a CUDA graph calling the MLP once per set reads every set's weights

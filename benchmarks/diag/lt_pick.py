@@ -70,7 +70,7 @@ def rel_err(out, ref) -> float:
 
 
 def measure(args) -> None:
-    from _diag import L2_BYTES, SHAPES, copy_gbs, load_kernel, save_results
+    from _diag import copy_gbs, load_kernel, projection_weight_sets, save_results
     from decode_pdl import graph_of, time_replays
 
     k = load_kernel()
@@ -80,13 +80,9 @@ def measure(args) -> None:
     copy_rate = copy_gbs(dev)
     rows = {}
     for shape in args.shapes.split(","):
-        h, i = SHAPES[shape]
         for proj in args.projections.split(","):
-            kk, n = (h, i) if proj == "gate" else (i, h)
-            wbytes = n * kk * 2
-            nsets = max(2, -(-4 * L2_BYTES // wbytes))
-            ws = [(torch.randn(n, kk, device=dev, dtype=dt) * kk**-0.5, torch.randn(n, device=dev, dtype=dt))
-                  for _ in range(nsets)]
+            kk, n, _, ws = projection_weight_sets(shape, proj, dev, dt)
+            nsets = len(ws)
             for m in (int(v) for v in args.tokens.split(",")):
                 sets = [(torch.randn(m, kk, device=dev, dtype=dt), w, b, torch.randn(m, n, device=dev, dtype=dt))
                         for w, b in ws]

@@ -35,7 +35,7 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _diag import L2_BYTES, SHAPES, copy_gbs, load_kernel, save_results  # noqa: E402
+from _diag import SHAPES, copy_gbs, load_kernel, projection_weight_sets, save_results  # noqa: E402
 from decode_pdl import graph_of, time_replays  # noqa: E402
 
 ROUTES = ("batched", "rows+addmm", "rows+lt", "triton", "auto", "eager")
@@ -103,13 +103,9 @@ def main() -> None:
     routes = args.routes.split(",")
     rows = {}
     for shape in args.shapes.split(","):
-        h, i = SHAPES[shape]
         for proj in args.projections.split(","):
-            kk, n = (h, i) if proj == "gate" else (i, h)
-            wbytes = n * kk * 2
-            nsets = max(2, -(-4 * L2_BYTES // wbytes))
-            ws = [(torch.randn(n, kk, device=dev, dtype=dt) * kk**-0.5, torch.randn(n, device=dev, dtype=dt))
-                  for _ in range(nsets)]
+            kk, n, wbytes, ws = projection_weight_sets(shape, proj, dev, dt)
+            nsets = len(ws)
             for bs in args.bs.split(","):
                 b_, s = (int(v) for v in bs.split("x"))
                 xs = [torch.randn(s, b_, kk, device=dev, dtype=dt).transpose(0, 1) for _ in range(nsets)]
