@@ -29,7 +29,6 @@ bool log_enabled() {
 
 bool may_time(cudaStream_t stream, int n_candidates) {
   if (n_candidates < 2) return false;
-  if (at::globalContext().deterministicAlgorithms()) return false;
   cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
   if (cudaStreamIsCapturing(stream, &status) != cudaSuccess) {
     (void)cudaGetLastError();  // not ours to report; just do not time

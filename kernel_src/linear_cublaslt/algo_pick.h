@@ -43,8 +43,8 @@ struct LtCall {
 // benchmarks/h200_session.sh measure it), so it is opt-in until a measurement says otherwise.
 int candidate_count();
 
-// Whether this call may time candidates now: not while the stream is being captured, not under
-// torch.use_deterministic_algorithms (the pick could differ between runs), not with one candidate.
+// Whether this call may time candidates now: not while the stream is being captured, not with one
+// candidate. (Deterministic mode is the caller's check: it settles on the heuristic's first for good.)
 bool may_time(cudaStream_t stream, int n_candidates);
 
 // Times each candidate (a warm-up launch, then `rounds` launches each), returns the index to keep
