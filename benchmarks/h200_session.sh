@@ -5,6 +5,9 @@
 #   bash benchmarks/h200_session.sh build test selftest        # correctness
 #   bash benchmarks/h200_session.sh build check                # build-matrix's load-and-check, CUDA tensors too
 #   bash benchmarks/h200_session.sh staged check test          # the carried build/ (say, a matrix built elsewhere)
+#     (commit every tracked change before a `staged` call: test_builder.py::test_ops_id_comes_from_the_git_tree
+#     compares the carried build's id with the copied tree, and a tree one edit away from the build's commit fails
+#     it, as in the sixty-fifth session)
 #     (a call carries at most 64 MiB: the tracked tree ~29 MB, .whl ~30 MB and a cu130 variant ~10 MB do not
 #     fit together; for `test` leave Liger's and accelerate's wheels aside (the suite's counts at 538439c
 #     were the same without them), for `bench` transformers' and accelerate's (it imports neither); at 9991c33

@@ -38,9 +38,10 @@ struct LtCall {
 
 // $FUSED_GEGLU_LT_CANDIDATES: how many heuristic candidates are asked for and timed (1 = the
 // heuristic's first, no timing; at most 8), read whenever a plan is built. The default is 1, the
-// behaviour before this file: the timing has been compiled but not yet run on a GPU (the session that
-// wrote it got no device; benchmarks/diag/lt_pick.py and the `ltpick` phase of
-// benchmarks/h200_session.sh measure it), so it is opt-in until a measurement says otherwise.
+// behaviour before this file: on an H100 (benchmarks/diag/lt_pick.py, two runs at 417c42a) the pick at 4
+// ran 0.81-1.12x the first's time under graph replay, with wins and losses that both reproduced, and
+// its own margin did not predict which (benchmarks/RESULTS.md, "cuBLASLt's candidates ..."). A single
+// cold launch after a memset flush is not the steady state a stream of GEMMs sees.
 int candidate_count();
 
 // Whether this call may time candidates now: not while the stream is being captured, not with one
