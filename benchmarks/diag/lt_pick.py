@@ -23,6 +23,7 @@ Outputs are checked against float64. Not the product benchmark (benchmarks/compa
 from __future__ import annotations
 
 import argparse
+import gzip
 import json
 import os
 import statistics
@@ -123,10 +124,20 @@ def measure(args) -> None:
     print("plan stats [plans, timed, from bucket, not the first, one candidate, candidates asked for]:", list(ops.linear_lt_plan_stats()))
 
 
+def _rows(path: str) -> dict:
+    opener = gzip.open if path.endswith(".gz") else open
+    with opener(path, "rt") as f:
+        return json.load(f)["rows"]
+
+
 def compare(first_path: str, timed_path: str) -> None:
-    """Per case: ATen, the heuristic's first, the timed pick; the pick's ratio to each (below 1 is faster)."""
-    first, timed = (json.load(open(p))["rows"] for p in (first_path, timed_path))
-    print(f"{'case':32s} {'aten':>8s} {'first':>8s} {'timed':>8s} {'t/first':>8s} {'t/aten':>8s} {'f/aten':>8s}")
+    """Per case: ATen, the heuristic's first, the timed pick; the pick's ratio to each (below 1 is faster),
+    and whether the timed process ran another algorithm than the first (its plan counters). Then, for the
+    cases that kept the first (what one kernel's time varies between processes) and those that did not,
+    how many moved by more than 3 %. Reads the .json or the stored .json.gz."""
+    first, timed = _rows(first_path), _rows(timed_path)
+    print(f"{'case':32s} {'aten':>8s} {'first':>8s} {'timed':>8s} {'t/first':>8s} {'t/aten':>8s} {'f/aten':>8s}  pick")
+    kept, moved = [], []
     for route, base in (("lt", "aten"), ("wgrad", "aten_wg")):
         for key in timed:
             if key not in first or route not in timed[key]["routes"]:
@@ -135,8 +146,16 @@ def compare(first_path: str, timed_path: str) -> None:
                                    timed[key]["routes"][base]["graph"]["median_us"]])
             f = first[key]["routes"][route]["graph"]["median_us"]
             t = timed[key]["routes"][route]["graph"]["median_us"]
+            other = timed[key]["routes"][route]["plan_stats_delta"][3] > 0  # [3]: plans not on the first
+            (moved if other else kept).append(t / f)
             label = key if route == "lt" else key + " wgrad"
-            print(f"{label:32s} {a:8.1f} {f:8.1f} {t:8.1f} {t / f:8.3f} {t / a:8.3f} {f / a:8.3f}")
+            print(f"{label:32s} {a:8.1f} {f:8.1f} {t:8.1f} {t / f:8.3f} {t / a:8.3f} {f / a:8.3f}  "
+                  f"{'other' if other else 'first'}")
+    for name, ratios in (("kept the first", kept), ("picked another", moved)):
+        if ratios:
+            print(f"{name}: {len(ratios)} cases, timed/first median {statistics.median(ratios):.3f}, "
+                  f"< 0.97: {sum(r < 0.97 for r in ratios)}, > 1.03: {sum(r > 1.03 for r in ratios)}, "
+                  f"range {min(ratios):.3f}-{max(ratios):.3f}")
 
 
 def main() -> None:
