@@ -121,7 +121,8 @@ def measure(args) -> None:
                 del sets
             del ws
             torch.cuda.empty_cache()
-    print("plan stats [plans, timed, from bucket, not the first, one candidate, candidates asked for]:", list(ops.linear_lt_plan_stats()))
+    print("plan stats [plans, timed, from bucket, not the first, one candidate, candidates asked for]:",
+          list(ops.linear_lt_plan_stats()))
 
 
 def _rows(path: str) -> dict:
